@@ -1,0 +1,35 @@
+# Two commands do everything on a fresh clone:
+#   make lab    set up .venv and open the workbook in JupyterLab
+#   make test   set up .venv and run the whole test suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: lab test test-fast release check-release clean-grading
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# Skip notebook execution and nbgrader runs (seconds instead of minutes).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+# Regenerate the student notebooks in notebooks/ from solutions/.
+release: $(STAMP)
+	$(BIN)/python -m autograder.release
+
+check-release: $(STAMP)
+	$(BIN)/python -m autograder.release --check
+
+clean-grading:
+	rm -rf grading
