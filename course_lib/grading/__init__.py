@@ -1,0 +1,18 @@
+"""Grading checks: one spec per graded item, used by the notebooks' test cells and
+by the autograder.
+
+In a test cell::
+
+    from course_lib.grading import check
+    check("causal_mask", causal_mask)                # visible part
+    check("causal_mask", causal_mask, hidden=True)   # hidden part (grading)
+"""
+
+from .registry import all_specs, get_spec
+from .runner import ItemResult, Score, check, format_report, grade
+from .spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+
+__all__ = [
+    "check", "grade", "format_report", "get_spec", "all_specs",
+    "ItemSpec", "SubCheck", "Case", "Mistake", "CheckFailed", "ItemResult", "Score",
+]

@@ -1,0 +1,451 @@
+"""Check specs for notebook 03 (self-attention): scaled_dot_product_attention,
+causal_mask, padding_mask and SelfAttention, with their mistake catalogues."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ... import attention as ref
+from ..properties import (
+    compare_cases, dtype_name, gradients_reach, mask_words, masked_keys_ignored,
+    masked_weights_zero, module_invoke, randn, weights_sum_to_one,
+)
+from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+
+f32, f64 = torch.float32, torch.float64
+
+# ---------------------------------------------------------------------------
+# scaled_dot_product_attention
+# ---------------------------------------------------------------------------
+
+
+def _sdpa_case(seed: int, batch: tuple[int, ...], t_q: int, t_k: int, d_k: int, d_v: int,
+               dtype: torch.dtype, mask: str = "none") -> Case:
+    """Random q, k, v of shape batch + (T, d); mask 'none', 'causal' or 'padding'."""
+
+    def make(device: torch.device) -> dict:
+        q = randn((*batch, t_q, d_k), seed, dtype, device)
+        k = randn((*batch, t_k, d_k), seed + 1, dtype, device)
+        v = randn((*batch, t_k, d_v), seed + 2, dtype, device)
+        m = None
+        if mask == "causal":
+            m = torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
+        elif mask == "padding":
+            b = batch[0] if batch else 1
+            lengths = torch.tensor([max(1, t_k - 2 * i) for i in range(b)], device=device)
+            m = torch.arange(t_k, device=device)[None, :] < lengths[:, None]  # (B, T_k)
+            m = m.view(b, *([1] * (len(batch) - 1)), 1, t_k) if batch else m.view(1, t_k)
+        return {"q": q, "k": k, "v": v, "mask": m}
+
+    sample = make(torch.device("cpu"))
+    label = (f"q {tuple(sample['q'].shape)}, k {tuple(sample['k'].shape)}, v {tuple(sample['v'].shape)} "
+             f"{dtype_name(dtype)}, {mask_words(sample['mask'])}")
+    return Case(label, make)
+
+
+def _hand_case() -> Case:
+    def make(device: torch.device) -> dict:
+        q = torch.tensor([[1.0, 0.0], [0.0, 2.0]], device=device)
+        k = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], device=device)
+        v = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], device=device)
+        return {"q": q, "k": k, "v": v, "mask": None}
+
+    return Case("the hand example q (2, 2), k (3, 2), v (3, 2), no mask (from the notebook)", make)
+
+
+def _scores(q, k):
+    return q @ k.transpose(-2, -1)
+
+
+def _finish(scores, v, mask, dim=-1):
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(scores, dim=dim)
+    return w @ v, w
+
+
+def sdpa_softmax_over_queries(q, k, v, mask=None):
+    return _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, mask, dim=-2)
+
+
+def sdpa_no_scale(q, k, v, mask=None):
+    return _finish(_scores(q, k), v, mask)
+
+
+def sdpa_scale_by_d(q, k, v, mask=None):
+    return _finish(_scores(q, k) / q.size(-1), v, mask)
+
+
+def sdpa_scale_by_dv(q, k, v, mask=None):
+    return _finish(_scores(q, k) / math.sqrt(v.size(-1)), v, mask)
+
+
+def sdpa_scale_by_tk(q, k, v, mask=None):
+    return _finish(_scores(q, k) / math.sqrt(k.size(-2)), v, mask)
+
+
+def sdpa_mask_inverted(q, k, v, mask=None):
+    return _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, None if mask is None else ~mask)
+
+
+def sdpa_mask_ignored(q, k, v, mask=None):
+    return _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, None)
+
+
+def sdpa_mask_after_softmax(q, k, v, mask=None):
+    w = torch.softmax(_scores(q, k) / math.sqrt(q.size(-1)), dim=-1)
+    if mask is not None:
+        w = w * mask
+    return w @ v, w
+
+
+def sdpa_mask_fill_zero(q, k, v, mask=None):
+    s = _scores(q, k) / math.sqrt(q.size(-1))
+    if mask is not None:
+        s = s.masked_fill(~mask, 0.0)
+    w = torch.softmax(s, dim=-1)
+    return w @ v, w
+
+
+def sdpa_weights_transposed(q, k, v, mask=None):
+    out, w = _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, mask)
+    return out, w.transpose(-2, -1)
+
+
+def sdpa_swapped_outputs(q, k, v, mask=None):
+    out, w = _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, mask)
+    return w, out
+
+
+SDPA_MISTAKES = (
+    Mistake("softmax over the query axis", sdpa_softmax_over_queries,
+            "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
+    Mistake("no scaling", sdpa_no_scale,
+            "The scores are not scaled: divide q kᵀ by √d_k, with d_k = q.size(-1)."),
+    Mistake("scaled by d_k", sdpa_scale_by_d,
+            "The scores are divided by d_k instead of √d_k: use math.sqrt(q.size(-1))."),
+    Mistake("scaled by √d_v", sdpa_scale_by_dv,
+            "The scores are divided by √d_v (from v) instead of √d_k (the size of queries and keys): use q.size(-1)."),
+    Mistake("scaled by √T_k", sdpa_scale_by_tk,
+            "The scores are divided by the square root of the number of keys, not of the key dimension d_k = q.size(-1)."),
+    Mistake("mask inverted", sdpa_mask_inverted,
+            "Your mask is inverted: True means 'may attend', so fill the scores where the mask is False (~mask)."),
+    Mistake("mask ignored", sdpa_mask_ignored,
+            "The mask has no effect: set the scores of disallowed positions to -inf before the softmax."),
+    Mistake("mask after softmax", sdpa_mask_after_softmax,
+            "The mask is applied after the softmax, so the remaining weights no longer sum to 1: "
+            "mask the scores (with -inf) before the softmax instead."),
+    Mistake("masked scores filled with 0", sdpa_mask_fill_zero,
+            "Masked scores are set to 0, but exp(0) = 1 still gives them weight: fill them with float('-inf')."),
+    Mistake("weights transposed", sdpa_weights_transposed,
+            "The output is right but the weights are transposed: return weights with shape (..., T_q, T_k), "
+            "one row per query."),
+    Mistake("outputs swapped", sdpa_swapped_outputs,
+            "You returned (weights, output): return (output, weights)."),
+)
+
+
+def _sdpa_spec() -> ItemSpec:
+    hand = _hand_case()
+    visible_random = _sdpa_case(10, (2,), 5, 5, 4, 4, f32, "causal")
+    hidden_cases = (
+        _sdpa_case(20, (2, 3), 4, 6, 8, 5, f64, "none"),
+        _sdpa_case(30, (3,), 6, 6, 16, 16, f32, "padding"),
+        _sdpa_case(40, (2, 2), 5, 5, 4, 7, f64, "causal"),
+        _sdpa_case(50, (), 3, 7, 6, 2, f32, "none"),
+        _sdpa_case(60, (2, 4), 1, 9, 3, 3, f32, "padding"),
+    )
+    pad = _sdpa_case(70, (3,), 5, 7, 4, 3, f64, "padding")
+    causal = _sdpa_case(80, (2,), 6, 6, 5, 5, f32, "causal")
+    return ItemSpec(
+        name="scaled_dot_product_attention",
+        reference=ref.scaled_dot_product_attention,
+        output_names=("out", "weights"),
+        mistakes=SDPA_MISTAKES,
+        forbidden={F.scaled_dot_product_attention:
+                   "it calls torch.nn.functional.scaled_dot_product_attention; compute softmax(q kᵀ/√d_k) v yourself"},
+        subchecks=(
+            SubCheck("matches the reference on the hand example", 1, compare_cases(hand)),
+            SubCheck("matches the reference on a random batch with a causal mask", 1, compare_cases(visible_random)),
+            SubCheck("matches on other shapes, dtypes and masks (extra batch dims, T_q ≠ T_k, d_k ≠ d_v, float64)",
+                     1, compare_cases(*hidden_cases), hidden=True),
+            SubCheck("weights sum to 1 over the keys; masked weights are exactly 0; masked keys do not leak",
+                     1, lambda t: (weights_sum_to_one(t, pad), masked_weights_zero(t, pad),
+                                   masked_weights_zero(t, causal), masked_keys_ignored(t, pad)), hidden=True),
+            SubCheck("gradients reach q, k and v", 1,
+                     lambda t: gradients_reach(t, causal, ("q", "k", "v")), hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# causal_mask
+# ---------------------------------------------------------------------------
+
+def _causal_case(T: int) -> Case:
+    return Case(f"T = {T}", lambda device: {"T": T, "device": device})
+
+
+def causal_upper(T, device=None):
+    return torch.ones(T, T, dtype=torch.bool, device=device).triu()
+
+
+def causal_strict(T, device=None):
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
+
+
+def causal_inverted(T, device=None):
+    return ~torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+
+def causal_float(T, device=None):
+    return torch.ones(T, T, device=device).tril()
+
+
+def causal_int(T, device=None):
+    return torch.ones(T, T, dtype=torch.long, device=device).tril()
+
+
+CAUSAL_MISTAKES = (
+    Mistake("upper triangle", causal_upper,
+            "Your mask lets each query see the future (True above the diagonal): use torch.tril, so query i sees keys 0..i."),
+    Mistake("diagonal excluded", causal_strict,
+            "The diagonal is False: a token may attend to itself, so use tril() without an offset."),
+    Mistake("inverted", causal_inverted,
+            "Your mask is inverted: True must mean 'may attend' (on and below the diagonal)."),
+    Mistake("float mask", causal_float,
+            "Return a boolean mask (dtype=torch.bool), not floats: True means 'may attend'."),
+    Mistake("integer mask", causal_int,
+            "Return a boolean mask (dtype=torch.bool), not integers: True means 'may attend'."),
+)
+
+
+def _causal_device(trial) -> None:
+    device = trial.device
+    got = trial.student({"T": 3, "device": device}, f"T = 3, device = {device}")
+    if not isinstance(got, torch.Tensor) or got.device.type != device.type:
+        where = got.device if isinstance(got, torch.Tensor) else type(got).__name__
+        raise CheckFailed(f"causal_mask(3, device={device!s}) returned a mask on {where}: pass device= to the tensor you create.")
+    got = trial.student({"T": 3}, "T = 3 without a device")
+    if not isinstance(got, torch.Tensor) or got.device.type != "cpu":
+        raise CheckFailed("causal_mask(3) without a device should return a CPU tensor.")
+
+
+def _causal_spec() -> ItemSpec:
+    return ItemSpec(
+        name="causal_mask",
+        reference=ref.causal_mask,
+        mistakes=CAUSAL_MISTAKES,
+        subchecks=(
+            SubCheck("causal_mask(4) matches the reference", 1, compare_cases(_causal_case(4))),
+            SubCheck("other lengths (1, 2, 7, 33) and the device argument", 1,
+                     lambda t: (t.compare([_causal_case(n) for n in (7, 2, 33, 1)]), _causal_device(t)),
+                     hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# padding_mask
+# ---------------------------------------------------------------------------
+
+def _padding_case(lengths: list[int], T: int) -> Case:
+    return Case(f"lengths = {lengths}, T = {T}",
+                lambda device: {"lengths": torch.tensor(lengths, device=device), "T": T})
+
+
+def padding_le(lengths, T):
+    return (torch.arange(T, device=lengths.device)[None, :] <= lengths[:, None])[:, None, :]
+
+
+def padding_inverted(lengths, T):
+    return (torch.arange(T, device=lengths.device)[None, :] >= lengths[:, None])[:, None, :]
+
+
+def padding_2d(lengths, T):
+    return torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def padding_query_axis(lengths, T):
+    return (torch.arange(T, device=lengths.device)[None, :] < lengths[:, None])[:, :, None]
+
+
+PADDING_MISTAKES = (
+    Mistake("off by one", padding_le,
+            "One position too many is allowed: keys at positions 0..length-1 are real, so compare with < length, not <=."),
+    Mistake("inverted", padding_inverted,
+            "Your mask is inverted: True must mean 'may attend', i.e. a real (non-padding) key."),
+    Mistake("no query axis", padding_2d,
+            "The mask has shape (B, T); add a middle axis of size 1 (shape (B, 1, T)) so it broadcasts over the queries."),
+    Mistake("query axis masked", padding_query_axis,
+            "The mask has shape (B, T, 1), which masks queries; padding masks the keys: return shape (B, 1, T)."),
+)
+
+
+def _padding_spec() -> ItemSpec:
+    return ItemSpec(
+        name="padding_mask",
+        reference=ref.padding_mask,
+        mistakes=PADDING_MISTAKES,
+        subchecks=(
+            SubCheck("padding_mask([2, 4], 4) matches the reference", 1, compare_cases(_padding_case([2, 4], 4))),
+            SubCheck("other batches: full length, length 1, T larger than every length", 1,
+                     compare_cases(_padding_case([5, 1, 3], 5), _padding_case([1], 1),
+                                   _padding_case([3, 6, 2, 6], 9)), hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# SelfAttention
+# ---------------------------------------------------------------------------
+
+def _selfattn_case(seed: int, B: int, T: int, d_model: int, d_k: int, d_v: int,
+                   dtype: torch.dtype, causal: bool) -> Case:
+    def make(device: torch.device) -> dict:
+        x = randn((B, T, d_model), seed, dtype, device)
+        mask = torch.ones(T, T, dtype=torch.bool, device=device).tril() if causal else None
+        return {"dims": (d_model, d_k, d_v), "x": x, "mask": mask, "_device": device, "_dtype": dtype}
+
+    m = "causal mask" if causal else "no mask"
+    return Case(f"SelfAttention(d_model={d_model}, d_k={d_k}, d_v={d_v}) on x ({B}, {T}, {d_model}) {dtype_name(dtype)}, {m}",
+                make)
+
+
+def _selfattn_invoke(impl, inputs: dict):
+    dims = inputs.pop("dims")
+    seed = 1234 + sum(dims)
+
+    def reference_instance() -> nn.Module:
+        torch.manual_seed(seed)
+        return ref.SelfAttention(*dims)
+
+    invoke = module_invoke(lambda cls: cls(*dims), lambda module, kw: module(kw["x"], kw["mask"]),
+                           reference_instance)
+    return invoke(impl, inputs)
+
+
+class _SelfAttentionLayout(nn.Module):
+    """The contract's parameter layout, shared by the catalogued wrong variants."""
+
+    def __init__(self, d_model: int, d_k: int, d_v: int) -> None:
+        super().__init__()
+        self.w_q = nn.Linear(d_model, d_k, bias=False)
+        self.w_k = nn.Linear(d_model, d_k, bias=False)
+        self.w_v = nn.Linear(d_model, d_v, bias=False)
+
+
+class SelfAttentionScaledByDModel(_SelfAttentionLayout):
+    def forward(self, x, mask=None):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        return _finish(_scores(q, k) / math.sqrt(x.size(-1)), v, mask)
+
+
+class SelfAttentionNoScale(_SelfAttentionLayout):
+    def forward(self, x, mask=None):
+        return _finish(_scores(self.w_q(x), self.w_k(x)), self.w_v(x), mask)
+
+
+def _attend(q, k, v, mask):
+    return _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, mask)
+
+
+class SelfAttentionQKSwapped(_SelfAttentionLayout):
+    def forward(self, x, mask=None):
+        return _attend(self.w_k(x), self.w_q(x), self.w_v(x), mask)
+
+
+class SelfAttentionValuesFromX(_SelfAttentionLayout):
+    def forward(self, x, mask=None):
+        return _attend(self.w_q(x), self.w_k(x), x, mask)
+
+
+class SelfAttentionMaskIgnored(_SelfAttentionLayout):
+    def forward(self, x, mask=None):
+        return _attend(self.w_q(x), self.w_k(x), self.w_v(x), None)
+
+
+class SelfAttentionSoftmaxQueries(_SelfAttentionLayout):
+    def forward(self, x, mask=None):
+        return sdpa_softmax_over_queries(self.w_q(x), self.w_k(x), self.w_v(x), mask)
+
+
+SELFATTN_MISTAKES = (
+    Mistake("scaled by √d_model", SelfAttentionScaledByDModel,
+            "The scores are divided by √d_model; divide by √d_k, the size of the queries and keys (after w_q, w_k)."),
+    Mistake("no scaling", SelfAttentionNoScale, "The scores are not scaled: divide q kᵀ by √d_k."),
+    Mistake("queries and keys swapped", SelfAttentionQKSwapped,
+            "Queries and keys are swapped: queries come from w_q(x), keys from w_k(x); "
+            "your weights come out transposed."),
+    Mistake("values not projected", SelfAttentionValuesFromX,
+            "The values are x itself: project them with w_v(x)."),
+    Mistake("mask ignored", SelfAttentionMaskIgnored, "forward ignores its mask argument: pass it on to the attention."),
+    Mistake("softmax over the query axis", SelfAttentionSoftmaxQueries,
+            "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
+)
+
+
+def _selfattn_parameters(trial) -> None:
+    module = trial.guarded(lambda: trial.impl(6, 4, 5), "SelfAttention(6, 4, 5)")
+    expected = {"w_q.weight": (4, 6), "w_k.weight": (4, 6), "w_v.weight": (5, 6)}
+    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    if got != expected:
+        extra = [k for k in got if k not in expected]
+        msg = (f"SelfAttention(d_model=6, d_k=4, d_v=5) should have exactly the parameters "
+               f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
+               f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
+        if any(k.endswith(".bias") for k in extra):
+            msg += " The projections have no bias: nn.Linear(..., bias=False)."
+        if any(got.get(k) == tuple(reversed(v)) for k, v in expected.items()):
+            msg += " nn.Linear(in, out) stores its weight as (out, in)."
+        raise CheckFailed(msg)
+
+
+def _selfattn_spec() -> ItemSpec:
+    visible = _selfattn_case(100, 2, 5, 8, 4, 6, f32, False)
+    hidden = (
+        _selfattn_case(110, 3, 7, 12, 6, 6, f64, True),
+        _selfattn_case(120, 1, 4, 16, 8, 3, f32, False),
+        _selfattn_case(130, 2, 6, 10, 10, 5, f64, True),
+    )
+    grad_case = _selfattn_case(140, 2, 5, 8, 4, 6, f64, True)
+
+    def gradients(trial) -> None:
+        inputs = grad_case.make(trial.device)
+        x = inputs["x"].requires_grad_(True)
+
+        def run():
+            module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=torch.float64)
+            out = module(x, inputs["mask"])
+            y = out[0] if isinstance(out, tuple) else out
+            y.pow(2).sum().backward()
+            return module
+
+        module = trial.guarded(run, grad_case.label)
+        for name, p in (("x", x), *module.named_parameters()):
+            if p.grad is None or float(p.grad.abs().sum()) == 0.0:
+                raise CheckFailed(f"On {grad_case.label}: `{name}` gets no gradient from the output.")
+
+    return ItemSpec(
+        name="SelfAttention",
+        reference=ref.SelfAttention,
+        invoke=_selfattn_invoke,
+        output_names=("out", "weights"),
+        mistakes=SELFATTN_MISTAKES,
+        subchecks=(
+            SubCheck("parameters w_q, w_k, w_v with the right shapes and no bias", 1, _selfattn_parameters),
+            SubCheck("matches the reference (same weights) on a random batch", 1, compare_cases(visible)),
+            SubCheck("matches with a causal mask, float64, d_model ≠ d_k ≠ d_v", 1, compare_cases(*hidden), hidden=True),
+            SubCheck("gradients reach x, w_q, w_k and w_v", 1, gradients, hidden=True),
+        ),
+    )
+
+
+SPECS = {
+    spec.name: spec
+    for spec in (_sdpa_spec(), _causal_spec(), _padding_spec(), _selfattn_spec())
+}
