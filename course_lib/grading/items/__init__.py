@@ -1,0 +1,1 @@
+"""Check specs, one module per notebook; each exposes ``SPECS``."""
