@@ -189,9 +189,12 @@ class Course:
         path = self.root / "grading" / "autograded" / student / assignment / f"{notebook}.ipynb"
         return nbformat.read(str(path), as_version=4)
 
+    def generate_feedback(self, assignment: str) -> None:
+        """Feedback HTML for every student of ``assignment`` (one nbgrader run)."""
+        self.nbgrader("generate_feedback", assignment, "--force")
+
     def feedback_html(self, student: str, assignment: str, notebook: str | None = None) -> str:
         notebook = notebook or assignment
-        self.nbgrader("generate_feedback", assignment, "--student", student, "--force")
         return (self.root / "grading" / "feedback" / student / assignment / f"{notebook}.html").read_text()
 
 
