@@ -107,8 +107,7 @@ class LearnedPositionalEmbedding(nn.Module):
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()
         self.max_len = max_len
-        self.position = nn.Embedding(max_len, d_model)
-        nn.init.normal_(self.position.weight, std=0.02)
+        self.position = nn.Embedding(max_len, d_model)  # N(0, 1) init, like the token embeddings
 
     def forward(self, x: Tensor) -> Tensor:
         T = x.size(-2)

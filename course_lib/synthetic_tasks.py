@@ -1,7 +1,7 @@
 """Small synthetic sequence tasks, generated on the fly from a seeded generator.
 
-- ``offset_sum_batch``: every output needs two tokens at fixed distances back; a
-  multi-head layer can give each distance its own head (notebook 04).
+- ``offset_digits_batch``: every output needs two tokens at fixed distances back, and
+  which is which; a multi-head layer can give each distance its own head (notebook 04).
 - ``sortedness_batch``: "is this sequence sorted?", which only order can answer: the
   unsorted examples are permutations of the same multisets as the sorted ones (notebook 05).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["IGNORE_INDEX", "offset_sum_batch", "sortedness_batch", "is_sorted"]
+__all__ = ["IGNORE_INDEX", "offset_digits_batch", "sortedness_batch", "is_sorted"]
 
 IGNORE_INDEX = -100  # targets with this value are left out of the loss (torch's default)
 
@@ -21,13 +21,15 @@ def _check_batch(batch_size: int, T: int) -> None:
         raise ValueError(f"batch_size and T must be positive, got {batch_size} and {T}")
 
 
-def offset_sum_batch(batch_size: int, T: int, offsets: tuple[int, ...] = (1, 3), vocab_size: int = 10,
-                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """Random digit sequences and, at each position t, the target ``Σ_a x[t − a] mod vocab_size``.
+def offset_digits_batch(batch_size: int, T: int, offsets: tuple[int, ...] = (1, 3), vocab_size: int = 10,
+                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Random digit sequences and, at each position t, the number whose digits (base
+    ``vocab_size``) are the tokens ``offsets`` steps back.
 
+    With the default ``offsets=(1, 3)`` the target at t is ``10·x[t−1] + x[t−3]``, a class
+    in 0 … 99: each output needs exactly two earlier tokens, and needs to know which is which.
     Returns ``tokens (B, T)`` and ``targets (B, T)`` (int64); positions ``t < max(offsets)``
-    have no target (``IGNORE_INDEX``). With the default ``offsets=(1, 3)`` the target is
-    ``(x[t−1] + x[t−3]) mod 10``: each output needs exactly two earlier tokens.
+    have no target (``IGNORE_INDEX``). There are ``vocab_size ** len(offsets)`` classes.
     """
     _check_batch(batch_size, T)
     if not offsets or min(offsets) < 1 or max(offsets) >= T:
@@ -35,8 +37,10 @@ def offset_sum_batch(batch_size: int, T: int, offsets: tuple[int, ...] = (1, 3),
     x = torch.randint(0, vocab_size, (batch_size, T), generator=generator)
     start = max(offsets)
     y = torch.full_like(x, IGNORE_INDEX)
-    total = sum(x[:, start - a:T - a] for a in offsets)
-    y[:, start:] = total % vocab_size
+    number = torch.zeros_like(x[:, start:])
+    for a in offsets:
+        number = number * vocab_size + x[:, start - a:T - a]
+    y[:, start:] = number
     return x, y
 
 
