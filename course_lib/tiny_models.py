@@ -60,9 +60,11 @@ class TinyTransformer(nn.Module):
       for one per sequence ``(B, C)`` (padding excluded).
     - ``causal``: every position attends only to itself and earlier positions.
 
-    ``forward(tokens (B, T), lengths=None, return_attention=False)``; ``lengths (B,)``
-    marks the real tokens of padded rows. With ``return_attention`` it also returns the
-    attention weights of every layer, each ``(B, H, T, T)``.
+    ``forward(tokens (B, T), lengths=None, return_attention=False, attn_mask=None)``;
+    ``lengths (B,)`` marks the real tokens of padded rows; ``attn_mask`` (boolean, broadcast
+    to ``(B, T, T)``, True = may attend) restricts every layer further, on top of the causal
+    and padding masks. With ``return_attention`` it also returns the attention weights of
+    every layer, each ``(B, H, T, T)``.
     """
 
     def __init__(self, vocab_size: int, num_outputs: int, d_model: int = 64, num_heads: int = 4,
@@ -96,8 +98,8 @@ class TinyTransformer(nn.Module):
         """The attention module of each layer, first layer first."""
         return [layer.attn for layer in self.layers]
 
-    def forward(self, tokens: Tensor, lengths: Tensor | None = None,
-                return_attention: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(self, tokens: Tensor, lengths: Tensor | None = None, return_attention: bool = False,
+                attn_mask: Tensor | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
         B, T = tokens.shape
@@ -110,6 +112,9 @@ class TinyTransformer(nn.Module):
             real = torch.arange(T, device=tokens.device)[None, :] < lengths.to(tokens.device)[:, None]  # (B, T)
             keys = real[:, None, :]  # (B, 1, T): padding keys are never attended to
             mask = keys if mask is None else mask & keys
+        if attn_mask is not None:
+            attn_mask = attn_mask.to(tokens.device)
+            mask = attn_mask if mask is None else mask & attn_mask
         weights = []
         for layer in self.layers:
             x, w = layer(x, mask)
