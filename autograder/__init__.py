@@ -1,0 +1,1 @@
+"""Instructor tooling: releasing notebooks, collecting and autograding submissions."""

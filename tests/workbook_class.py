@@ -1,0 +1,283 @@
+"""Build a course folder and a generated class of submissions for autograder tests.
+
+The class is made from a released notebook and its solution notebook: correct,
+partial, mistaken, broken and malicious submissions, each with the score it must
+get computed from the notebook itself (test-cell points) or, for a catalogued
+mistake, from ``course_lib.grading.grade`` run here in-process.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import textwrap
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+REPO = Path(__file__).resolve().parents[1]
+MINI = "mini_attention"
+
+
+# ---------------------------------------------------------------------------
+# A small assignment (two course_lib items, a training cell, a written answer)
+# ---------------------------------------------------------------------------
+
+def _meta(grade_id: str, *, solution: bool = False, grade: bool = False, locked: bool = False,
+          points: float | None = None) -> dict:
+    meta = {"grade_id": grade_id, "solution": solution, "grade": grade, "locked": locked, "schema_version": 3}
+    if points is not None:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def mini_source_notebook() -> nbformat.NotebookNode:
+    """The instructor's version of a small graded notebook."""
+    test = textwrap.dedent('''\
+        check("{name}", {name})
+        ### BEGIN HIDDEN TESTS
+        check("{name}", {name}, hidden=True)
+        ### END HIDDEN TESTS''')
+    cells = [
+        new_markdown_cell("# Masks and attention\nA short graded notebook."),
+        new_code_cell("import torch\nfrom course_lib.device import grading_mode, seed_everything\n"
+                      "from course_lib.grading import check\nseed_everything(0)",
+                      metadata=_meta("setup", locked=True)),
+        new_code_cell(textwrap.dedent('''\
+            def causal_mask(T, device=None):
+                """Boolean (T, T) mask, True on and below the diagonal."""
+                ### BEGIN SOLUTION
+                return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+                ### END SOLUTION'''), metadata=_meta("causal_mask", solution=True)),
+        new_code_cell(test.format(name="causal_mask"),
+                      metadata=_meta("test_causal_mask", grade=True, locked=True, points=2)),
+        new_code_cell(textwrap.dedent('''\
+            def scaled_dot_product_attention(q, k, v, mask=None):
+                """softmax(q kᵀ / √d_k) v; returns (out, weights)."""
+                ### BEGIN SOLUTION
+                scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                weights = torch.softmax(scores, dim=-1)
+                return weights @ v, weights
+                ### END SOLUTION'''), metadata=_meta("scaled_dot_product_attention", solution=True)),
+        new_code_cell(test.format(name="scaled_dot_product_attention"),
+                      metadata=_meta("test_scaled_dot_product_attention", grade=True, locked=True, points=5)),
+        new_code_cell(textwrap.dedent('''\
+            steps = 5 if grading_mode() else 200
+            w = torch.zeros(4, requires_grad=True)
+            opt = torch.optim.SGD([w], lr=0.1)
+            for _ in range(steps):
+                opt.zero_grad(); loss = ((w - 1) ** 2).sum(); loss.backward(); opt.step()
+            print(f"training steps: {steps}, final loss {loss.item():.3f}")'''),
+                      metadata=_meta("train", locked=True)),
+        new_markdown_cell("Why is the mask boolean?", metadata=_meta("why_boolean", solution=False, locked=True)),
+        new_markdown_cell("YOUR ANSWER HERE", metadata=_meta("answer_why_boolean", solution=True, grade=True,
+                                                             points=1)),
+    ]
+    nb = new_notebook(cells=cells)
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def make_course(root: Path, use_repo_notebook: str | None = None) -> tuple[Path, str]:
+    """A course folder at ``root`` with one source assignment; returns (root, assignment).
+
+    With ``use_repo_notebook`` (e.g. ``"03_self_attention"``) that notebook of the
+    repository's ``solutions/`` is the assignment; otherwise the small one above.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
+    (root / "grading").mkdir(exist_ok=True)
+    if use_repo_notebook:
+        shutil.copytree(REPO / "solutions" / use_repo_notebook, root / "solutions" / use_repo_notebook)
+        return root, use_repo_notebook
+    folder = root / "solutions" / MINI
+    folder.mkdir(parents=True)
+    nbformat.write(mini_source_notebook(), str(folder / f"{MINI}.ipynb"))
+    return root, MINI
+
+
+# ---------------------------------------------------------------------------
+# The generated class
+# ---------------------------------------------------------------------------
+
+def _gid(cell) -> str:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+
+
+def _strip_solution(source: str) -> str:
+    return "\n".join(line for line in source.splitlines()
+                     if "### BEGIN SOLUTION" not in line and "### END SOLUTION" not in line)
+
+
+@dataclass
+class Student:
+    id: str
+    kind: str
+    notebook: object  # NotebookNode, or bytes for a damaged file
+    expected: dict[str, float]  # test grade_id -> expected points
+    problems: set[str] = field(default_factory=set)  # problem kinds that must be reported
+    file_name: str = ""
+    zip_member: str = ""  # put the notebook in a per-student zip under this name
+    nbformat3: bool = False
+
+
+class ClassBuilder:
+    """Makes submissions from the released and the source notebook of one assignment."""
+
+    def __init__(self, released: Path, source: Path) -> None:
+        self.name = released.stem
+        self.released = nbformat.read(str(released), as_version=4)
+        src = nbformat.read(str(source), as_version=4)
+        self.solutions = {_gid(c): _strip_solution(c.source) for c in src.cells
+                          if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")}
+        self.tests = {}  # test grade_id -> (item, points)
+        for c in self.released.cells:
+            meta = c.metadata.get("nbgrader", {})
+            if c.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+                item = _gid(c).removeprefix("test_")
+                self.tests[_gid(c)] = (item, float(meta["points"]))
+        self.items = [item for item, _ in self.tests.values() if item in self.solutions]
+        if len(self.items) < 2:
+            raise ValueError(f"{released} needs at least two graded items with test_<item> cells")
+
+    def filled(self, skip: tuple[str, ...] = (), replace: dict[str, str] | None = None,
+               prepend: dict[str, str] | None = None) -> nbformat.NotebookNode:
+        """The released notebook with solution cells filled in (except ``skip``)."""
+        nb = copy.deepcopy(self.released)
+        for cell in nb.cells:
+            gid = _gid(cell)
+            if cell.cell_type == "code" and gid in self.solutions and gid not in skip:
+                cell.source = (replace or {}).get(gid, self.solutions[gid])
+                if prepend and gid in prepend:
+                    cell.source = prepend[gid] + "\n" + cell.source
+            elif cell.cell_type == "markdown" and cell.metadata.get("nbgrader", {}).get("solution"):
+                cell.source = "Because True means the query may attend to the key."
+        return nb
+
+    def full(self, except_items: tuple[str, ...] = ()) -> dict[str, float]:
+        return {t: (0.0 if item in except_items else pts) for t, (item, pts) in self.tests.items()}
+
+    def _after(self, item: str) -> tuple[str, ...]:
+        """Items whose test cells come at or after ``item``'s solution cell."""
+        order = [_gid(c) for c in self.released.cells]
+        start = order.index(item)
+        return tuple(i for t, (i, _) in self.tests.items() if order.index(t) > start)
+
+    def mistake_student(self, sid: str) -> Student:
+        """A catalogued mistake in the first item that has one; expected score from the
+        check framework run in this process."""
+        import inspect
+        from course_lib.grading import get_spec, grade
+        for item in self.items:
+            spec = get_spec(item)
+            if spec.mistakes:
+                mistake = spec.mistakes[0]
+                code = textwrap.dedent(inspect.getsource(mistake.impl))
+                name = mistake.impl.__name__
+                helpers = "".join(textwrap.dedent(inspect.getsource(f)) + "\n"
+                                  for f in _helpers_of(mistake.impl))
+                solution = f"import math\nimport torch\n{helpers}{code}\n{item} = {name}\n"
+                expected = self.full()
+                points = float(round(grade(spec, mistake.impl, hidden=True).score, 4))
+                for t, (i, _) in self.tests.items():
+                    if i == item:
+                        expected[t] = points
+                return Student(sid, "mistake", self.filled(replace={item: solution}), expected,
+                               problems=set(), file_name=f"{sid}_{self.name}.ipynb")
+        raise ValueError("no item with a mistake catalogue")
+
+    def build(self) -> list[Student]:
+        first, second = self.items[0], self.items[1]
+        students: list[Student] = []
+
+        def add(sid, kind, nb, expected, problems=(), **kw):
+            kw.setdefault("file_name", f"{sid}_{self.name}.ipynb")
+            students.append(Student(sid, kind, nb, expected, set(problems), **kw))
+
+        add("s01", "correct", self.filled(prepend={first: 'import os\nprint("working directory:", os.getcwd())'}),
+            self.full())
+        add("s02", "older nbformat, renamed", self.filled(), self.full(), {"old_format", "renamed"},
+            nbformat3=True, file_name="s02_my homework (1).ipynb")
+        add("s03", "partial (zip)", self.filled(skip=tuple(self.items[1:])), self.full(tuple(self.items[1:])),
+            zip_member=f"{self.name}/{self.name}.ipynb", file_name=f"s03_{self.name}.zip")
+        students.append(self.mistake_student("s04"))
+        text = nbformat.writes(self.filled())
+        add("s05", "invalid JSON", text[: len(text) // 2].encode(), self.full(tuple(self.items)),
+            {"invalid_json"})
+        nb = self.filled()
+        nb.cells = [c for c in nb.cells if _gid(c) != f"test_{first}"]
+        for c in nb.cells:
+            if _gid(c) == f"test_{second}":
+                c.source = "100.0  # full marks please"
+        dup = next(i for i, c in enumerate(nb.cells) if _gid(c) == second)
+        nb.cells.insert(dup, copy.deepcopy(nb.cells[dup]))
+        nb.cells[dup].id = "duplicated-cell"
+        add("s06", "deleted, edited and duplicated cells", nb, self.full(),
+            {"deleted_cells", "edited_locked", "duplicate_cells"})
+        add("s07", "infinite loop", self.filled(prepend={first: "while True:\n    pass"}),
+            self.full((first,)), {"cell_timeout"})
+        add("s08", "memory exhaustion", self.filled(prepend={first: "hog = bytearray(4 * 2**30)"}),
+            self.full((first,)), {"error:MemoryError"})
+        add("s09", "os._exit", self.filled(prepend={second: "import os\nos._exit(3)"}),
+            self.full(self._after(second)), {"kernel_died"})
+        add("s10", "sys.exit(), missing import",
+            self.filled(prepend={first: "import sys\nsys.exit()", second: "import package_that_does_not_exist"}),
+            self.full((first, second)), {"error:SystemExit", "error:ModuleNotFoundError"})
+        add("s11", "10 MB of printing", self.filled(prepend={first: "print('x' * 10_000_000)"}),
+            self.full(), {"output_truncated"})
+        add("s12", "segfault", self.filled(prepend={second: "import ctypes\nctypes.string_at(0)"}),
+            self.full(self._after(second)), {"kernel_died"})
+        return students
+
+    def write_lms_download(self, students: list[Student], path: Path) -> None:
+        """A zip as an LMS gives it: one file per student, the id in the name, plus junk."""
+        with zipfile.ZipFile(path, "w") as zf:
+            for s in students:
+                if isinstance(s.notebook, bytes):
+                    data = s.notebook
+                elif s.nbformat3:
+                    data = nbformat.writes(nbformat.convert(s.notebook, 3), version=3).encode()
+                else:
+                    data = nbformat.writes(s.notebook).encode()
+                if s.zip_member:
+                    inner = Path(path).with_suffix(f".{s.id}.zip")
+                    with zipfile.ZipFile(inner, "w") as z2:
+                        z2.writestr(s.zip_member, data)
+                        z2.writestr("__MACOSX/._" + Path(s.zip_member).name, b"junk")
+                        z2.writestr("notes.txt", b"my notes")
+                    zf.write(inner, s.file_name)
+                    inner.unlink()
+                else:
+                    zf.writestr(s.file_name, data)
+            zf.writestr("README.txt", b"downloaded from the LMS")
+            zf.writestr("x99_" + self.name + ".ipynb", nbformat.writes(self.filled()).encode())
+
+
+def _helpers_of(fn) -> list:
+    """Module-level helper functions a mistake variant calls (e.g. ``_scores``)."""
+    import inspect
+    module = inspect.getmodule(fn)
+    names = [n for n in fn.__code__.co_names if n.startswith("_")]
+    found = []
+    for n in names:
+        obj = getattr(module, n, None)
+        if inspect.isfunction(obj):
+            found.extend(_helpers_of(obj))
+            found.append(obj)
+    seen, out = set(), []
+    for f in found:
+        if f not in seen:
+            seen.add(f)
+            out.append(f)
+    return out
+
+
+def write_roster(students: list[Student], path: Path) -> None:
+    path.write_text("id\n" + "".join(f"{s.id}\n" for s in students), encoding="utf-8")
