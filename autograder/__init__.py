@@ -1,1 +1,2 @@
-"""Instructor tooling: releasing notebooks, collecting and autograding submissions."""
+"""Instructor tooling: release the student notebooks, collect and autograde
+submissions, return feedback and export grades (built on nbgrader)."""
