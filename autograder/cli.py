@@ -1,6 +1,7 @@
 """``workbook``: the instructor's one command, from release to grades.
 
-    workbook release [ASSIGNMENT] [--check]   regenerate notebooks/ (or check it is in sync)
+    workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
+                                              (--check: only check notebooks/ is in sync)
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
     workbook autograde [ASSIGNMENT ...]       grade in parallel, safely, under limits
     workbook feedback [ASSIGNMENT ...]        per-student HTML (no hidden test code)
@@ -13,7 +14,6 @@ Run inside the course folder (the one with nbgrader_config.py) or pass --course.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -85,18 +85,24 @@ def _read_roster(path: str) -> set[str]:
 
 
 def _release(course: Course, args: argparse.Namespace) -> int:
-    try:
-        from . import release
-    except ImportError:
-        raise CourseError("autograder.release is missing from this installation") from None
-    argv = (["--check"] if args.check else []) + ([args.assignment] if args.assignment else [])
-    previous = os.getcwd()
-    os.chdir(course.root)
-    try:
-        code = release.main(argv)
-    finally:
-        os.chdir(previous)
-    return int(code or 0)
+    from . import release
+    which = [args.assignment] if args.assignment else None
+    if which and which[0] not in release.assignments(course.root):
+        raise CourseError(f"no assignment {which[0]!r} in {course.source_dir}; known: "
+                          f"{', '.join(release.assignments(course.root))}")
+    if args.check:
+        problems = release.out_of_date(which, root=course.root)
+        if problems:
+            print("notebooks/ is out of date with solutions/:")
+            print("\n".join(f"  - {p}" for p in problems))
+            print("Regenerate with: workbook release")
+            return 1
+        print("notebooks/ is in sync with solutions/.")
+        return 0
+    for path in release.release(which, root=course.root):
+        course.record_assignment(path.name)
+        print(f"generated {path.relative_to(course.root)} and recorded it in the gradebook")
+    return 0
 
 
 def _collect(course: Course, args: argparse.Namespace) -> int:

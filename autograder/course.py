@@ -158,15 +158,38 @@ class Course:
         return {p.stem: p for p in sorted(folder.glob("*.ipynb"))}
 
     def gradebook_notebooks(self, assignment: str) -> list[str]:
-        """Notebook names of ``assignment`` in the gradebook (set by ``release``)."""
+        """Notebook names of ``assignment`` in the gradebook (recorded by ``release``;
+        recorded here from ``solutions/`` if the gradebook does not have it yet)."""
         with self.gradebook() as gb:
             try:
                 return [nb.name for nb in gb.find_assignment(assignment).notebooks]
             except MissingEntry:
-                raise CourseError(
-                    f"assignment {assignment!r} is not in the gradebook: run `workbook release "
-                    f"{assignment}` first"
-                ) from None
+                pass
+        self.record_assignment(assignment)  # released elsewhere: record it from solutions/
+        with self.gradebook() as gb:
+            return [nb.name for nb in gb.find_assignment(assignment).notebooks]
+
+    def record_assignment(self, assignment: str) -> None:
+        """Record ``assignment`` (its notebooks, graded cells, locked cells and hidden
+        tests) from ``solutions/`` in this course's gradebook, with nbgrader's
+        ``generate_assignment``; its student notebooks go to a throw-away folder, so
+        ``notebooks/`` is left as it is."""
+        from nbgrader.apps import NbGraderAPI
+
+        if not (self.source_dir / assignment).is_dir():
+            raise CourseError(f"no assignment {assignment!r} in {self.source_dir}")
+        self.grading_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="workbook-record-") as tmp:
+            cfg = Config(self.config)
+            cfg.CourseDirectory.release_directory = tmp
+            cfg.CourseDirectory.root = str(self.root)
+            coursedir = CourseDirectory(config=cfg)
+            api = NbGraderAPI(coursedir=coursedir, config=cfg)
+            api.log.setLevel("ERROR")
+            result = api.generate_assignment(assignment, force=True, create=True)
+        if not result["success"]:
+            raise CourseError(f"nbgrader could not record {assignment} in the gradebook:\n"
+                              f"{result.get('error', '')}\n{result.get('log', '')}")
 
     def submitted_assignments(self) -> list[str]:
         """Assignments that have at least one submission folder."""

@@ -134,6 +134,7 @@ class WorkerPool:
                         on_result(job, result)
                         continue
                 if result is None and (w.process.sentinel in ready or w.conn in ready):
+                    w.process.join(5)
                     code = w.process.exitcode
                     self._replace(w)
                     on_result(job, {"job_id": job["job_id"],

@@ -1,6 +1,7 @@
 """End to end: the whole ``workbook`` CLI on a generated class of 12 students.
 
-Correct, partial, mistaken, damaged and malicious submissions arrive as an LMS
+The class is made from notebook 03 as released. Correct, partial, mistaken,
+damaged and malicious submissions arrive as an LMS
 download; they are collected, autograded in parallel and then sequentially, given
 feedback, exported and tabulated. Expected scores come from the notebook's test
 points (and, for a catalogued mistake, from ``course_lib.grading.grade`` run here).
@@ -24,13 +25,8 @@ from workbook_class import ClassBuilder, make_course, write_roster
 
 pytestmark = pytest.mark.slow
 
+NOTEBOOK = "03_self_attention"
 LIMITS = ["--cell-timeout", "6", "--notebook-timeout", "150", "--memory-mb", "2048", "--quiet"]
-
-
-def _release(course: Course, assignment: str) -> None:
-    from nbgrader.apps import NbGraderAPI
-    result = NbGraderAPI(coursedir=course.coursedir, config=course.config).generate_assignment(assignment, force=True)
-    assert result["success"], result.get("log")
 
 
 def _grades(course: Course, assignment: str, notebook: str, students) -> dict:
@@ -46,9 +42,10 @@ def _grades(course: Course, assignment: str, notebook: str, students) -> dict:
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("class")
-    root, assignment = make_course(base / "course")
+    root, assignment = make_course(base / "course", NOTEBOOK)
     course = Course(root)
-    _release(course, assignment)
+    assert main(["--course", str(root), "release", assignment]) == 0
+    assert main(["--course", str(root), "release", "--check"]) == 0
     notebook = assignment
     builder = ClassBuilder(course.release_dir / assignment / f"{notebook}.ipynb",
                            course.source_dir / assignment / f"{notebook}.ipynb")
@@ -129,7 +126,7 @@ def test_students_code_runs_outside_the_course_in_grading_mode(graded):
     line = next(l for l in text.split("\\n") if "working directory:" in l)
     cwd = line.split("working directory:")[1].split('"')[0].strip()
     assert cwd and not Path(cwd).resolve().is_relative_to(course.root.resolve())
-    assert "training steps: 5" in text  # WORKBOOK_GRADING=1 reached the kernel
+    assert "grading mode: True" in text  # WORKBOOK_GRADING=1 reached the kernel
     printed = course.autograded_path("s11", a, nb).read_text()
     assert len(printed) < 2_000_000 and "output truncated" in printed
 

@@ -164,17 +164,38 @@ class ClassBuilder:
     def full(self, except_items: tuple[str, ...] = ()) -> dict[str, float]:
         return {t: (0.0 if item in except_items else pts) for t, (item, pts) in self.tests.items()}
 
-    def _after(self, item: str) -> tuple[str, ...]:
-        """Items whose test cells come at or after ``item``'s solution cell."""
-        order = [_gid(c) for c in self.released.cells]
-        start = order.index(item)
-        return tuple(i for t, (i, _) in self.tests.items() if order.index(t) > start)
+    def expected_in_process(self, nb, skip: tuple[str, ...] = (), dead_at: str | None = None) -> dict[str, float]:
+        """Each test's points from ``course_lib.grading.grade`` run in this process on the
+        notebook's set-up and solution cells (no kernel, no nbgrader), so that a later
+        item built on a mistaken or missing earlier one loses its points too.
+
+        ``skip``: solution cells that never finish in the kernel (their names stay
+        undefined); ``dead_at``: the solution cell where the kernel dies (every test
+        after it scores 0).
+        """
+        from course_lib.grading import get_spec, grade
+        namespace: dict = {}
+        order = [_gid(c) for c in nb.cells]
+        setup = next(c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("locked"))
+        code = [setup.source] + [c.source for c in nb.cells if c.cell_type == "code"
+                                 and c.metadata.get("nbgrader", {}).get("solution")
+                                 and _gid(c) not in skip and _gid(c) != dead_at]
+        for source in code:
+            exec(compile(source, "<submission>", "exec"), namespace)  # noqa: S102 - our own test code
+        expected = {}
+        for test, (item, _) in self.tests.items():
+            dead = dead_at is not None and order.index(test) > order.index(dead_at)
+            if dead or item not in namespace:
+                expected[test] = 0.0
+            else:
+                expected[test] = float(round(grade(get_spec(item), namespace[item], hidden=True).score, 4))
+        return expected
 
     def mistake_student(self, sid: str) -> Student:
         """A catalogued mistake in the first item that has one; expected score from the
         check framework run in this process."""
         import inspect
-        from course_lib.grading import get_spec, grade
+        from course_lib.grading import get_spec
         for item in self.items:
             spec = get_spec(item)
             if spec.mistakes:
@@ -184,12 +205,9 @@ class ClassBuilder:
                 helpers = "".join(textwrap.dedent(inspect.getsource(f)) + "\n"
                                   for f in _helpers_of(mistake.impl))
                 solution = f"import math\nimport torch\n{helpers}{code}\n{item} = {name}\n"
-                expected = self.full()
-                points = float(round(grade(spec, mistake.impl, hidden=True).score, 4))
-                for t, (i, _) in self.tests.items():
-                    if i == item:
-                        expected[t] = points
-                return Student(sid, "mistake", self.filled(replace={item: solution}), expected,
+                nb = self.filled(replace={item: solution})
+                expected = self.expected_in_process(nb)
+                return Student(sid, "mistake", nb, expected,
                                problems=set(), file_name=f"{sid}_{self.name}.ipynb")
         raise ValueError("no item with a mistake catalogue")
 
@@ -201,11 +219,13 @@ class ClassBuilder:
             kw.setdefault("file_name", f"{sid}_{self.name}.ipynb")
             students.append(Student(sid, kind, nb, expected, set(problems), **kw))
 
-        add("s01", "correct", self.filled(prepend={first: 'import os\nprint("working directory:", os.getcwd())'}),
-            self.full())
+        setup_probe = ('import os\nfrom course_lib.device import grading_mode\n'
+                       'print("working directory:", os.getcwd())\nprint("grading mode:", grading_mode())')
+        add("s01", "correct", self.filled(prepend={first: setup_probe}), self.full())
         add("s02", "older nbformat, renamed", self.filled(), self.full(), {"old_format", "renamed"},
             nbformat3=True, file_name="s02_my homework (1).ipynb")
-        add("s03", "partial (zip)", self.filled(skip=tuple(self.items[1:])), self.full(tuple(self.items[1:])),
+        nb = self.filled(skip=tuple(self.items[1:]))
+        add("s03", "partial (zip)", nb, self.expected_in_process(nb),
             zip_member=f"{self.name}/{self.name}.ipynb", file_name=f"s03_{self.name}.zip")
         students.append(self.mistake_student("s04"))
         text = nbformat.writes(self.filled())
@@ -221,19 +241,21 @@ class ClassBuilder:
         nb.cells[dup].id = "duplicated-cell"
         add("s06", "deleted, edited and duplicated cells", nb, self.full(),
             {"deleted_cells", "edited_locked", "duplicate_cells"})
-        add("s07", "infinite loop", self.filled(prepend={first: "while True:\n    pass"}),
-            self.full((first,)), {"cell_timeout"})
-        add("s08", "memory exhaustion", self.filled(prepend={first: "hog = bytearray(4 * 2**30)"}),
-            self.full((first,)), {"error:MemoryError"})
-        add("s09", "os._exit", self.filled(prepend={second: "import os\nos._exit(3)"}),
-            self.full(self._after(second)), {"kernel_died"})
-        add("s10", "sys.exit(), missing import",
-            self.filled(prepend={first: "import sys\nsys.exit()", second: "import package_that_does_not_exist"}),
-            self.full((first, second)), {"error:SystemExit", "error:ModuleNotFoundError"})
-        add("s11", "10 MB of printing", self.filled(prepend={first: "print('x' * 10_000_000)"}),
-            self.full(), {"output_truncated"})
-        add("s12", "segfault", self.filled(prepend={second: "import ctypes\nctypes.string_at(0)"}),
-            self.full(self._after(second)), {"kernel_died"})
+
+        def hostile(sid, kind, prepend, problems, skip=(), dead_at=None):
+            nb = self.filled(prepend=prepend)
+            add(sid, kind, nb, self.expected_in_process(self.filled(), skip=skip, dead_at=dead_at), problems)
+
+        hostile("s07", "infinite loop", {first: "while True:\n    pass"}, {"cell_timeout"}, skip=(first,))
+        hostile("s08", "memory exhaustion", {first: "hog = bytearray(4 * 2**30)"}, {"error:MemoryError"},
+                skip=(first,))
+        hostile("s09", "os._exit", {second: "import os\nos._exit(3)"}, {"kernel_died"}, dead_at=second)
+        hostile("s10", "sys.exit(), missing import",
+                {first: "import sys\nsys.exit()", second: "import package_that_does_not_exist"},
+                {"error:SystemExit", "error:ModuleNotFoundError"}, skip=(first, second))
+        hostile("s11", "10 MB of printing", {first: "print('x' * 10_000_000)"}, {"output_truncated"})
+        hostile("s12", "segfault", {second: "import ctypes\nctypes.string_at(0)"}, {"kernel_died"},
+                dead_at=second)
         return students
 
     def write_lms_download(self, students: list[Student], path: Path) -> None:
