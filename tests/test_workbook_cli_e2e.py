@@ -26,7 +26,7 @@ from workbook_class import ClassBuilder, make_course, write_roster
 pytestmark = pytest.mark.slow
 
 NOTEBOOK = "03_self_attention"
-LIMITS = ["--cell-timeout", "6", "--notebook-timeout", "150", "--memory-mb", "2048", "--quiet"]
+LIMITS = ["--cell-timeout", "15", "--notebook-timeout", "150", "--memory-mb", "2048", "--quiet"]
 
 
 def _grades(course: Course, assignment: str, notebook: str, students) -> dict:
@@ -148,7 +148,7 @@ def test_feedback_shows_results_and_hints_but_no_hidden_tests(graded):
         if s.kind == "invalid JSON":
             assert "could not be graded" in page and "not valid notebook JSON" in page
         if s.kind == "infinite loop":
-            assert "6 s limit" in page
+            assert "15 s limit" in page
 
 
 def test_export_and_status(graded, capsys):
