@@ -349,6 +349,8 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                 task_id = f"{student}/{notebook}"
                 path = course.submission_dir(student, assignment) / f"{notebook}.ipynb"
                 nb, problems = read_submission(path)
+                problems[:0] = [note for note in collect_notes.get(student, [])
+                                if f"{notebook}.ipynb" in note["message"]]  # e.g. a renamed file
                 task = tasks[task_id] = _Task(assignment, student, notebook, problems)
                 if nb is None:
                     continue

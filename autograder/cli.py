@@ -22,6 +22,13 @@ from .course import Course, CourseError
 __all__ = ["main", "build_parser"]
 
 
+def _memory(text: str) -> int | None:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected megabytes (0 for no limit), got {text}")
+    return value or None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -53,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--workers", type=int, default=0, help="worker processes (default: one per core)")
     p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
     p.add_argument("--notebook-timeout", type=_positive, default=1800, help="seconds per notebook (default 1800)")
-    p.add_argument("--memory-mb", type=_positive, default=4096, help="address-space limit of a kernel (default 4096)")
+    p.add_argument("--memory-mb", type=_memory, default=4096,
+                   help="address-space limit of a kernel in MB (default 4096; 0: none, e.g. for CUDA)")
     p.add_argument("--max-output-kb", type=_positive, default=256, help="output kept per cell (default 256)")
     p.add_argument("--threads", type=_positive, default=1, help="CPU threads per kernel (default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
