@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 import nbformat
 from nbformat import NotebookNode
 from nbgrader import utils as nbutils
-from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.api import Gradebook
 from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds, IgnorePattern,
                                     LimitOutput, OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
 from traitlets.config import Config

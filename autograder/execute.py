@@ -22,7 +22,7 @@ import math
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager

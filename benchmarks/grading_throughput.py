@@ -14,8 +14,10 @@ hostile kinds), then measures, one after the other:
 and prints the wall times, the throughput, the speed-up of ``-j N`` over nbgrader
 and over ``-j 1``, the per-submission overhead beyond executing the notebook
 (``(wall - bare) / submissions``), and checks that all three graders give the same
-scores. The machine should be otherwise idle; each kernel gets
-``WORKBOOK_GRADING=1`` (short training).
+scores. The machine should be otherwise idle; every kernel gets
+``WORKBOOK_GRADING=1`` (short training) and one CPU thread (``OMP_NUM_THREADS=1``,
+as ``workbook`` gives its kernels), so that the graders, not thread settings, are
+compared.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def _env() -> dict[str, str]:
     env["WORKBOOK_GRADING"] = "1"
     env["MPLBACKEND"] = "Agg"
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[name] = "1"  # as workbook gives each kernel: compare the graders, not thread settings
     return env
 
 
@@ -75,7 +79,8 @@ def _scores(course: Course) -> dict[str, dict[str, float]]:
 def bare_execution(submissions: dict[str, nbformat.NotebookNode]) -> float:
     """Seconds to execute every notebook once with plain nbclient (no grading)."""
     from nbclient import NotebookClient
-    os.environ.update({k: v for k, v in _env().items() if k in ("PYTHONPATH", "WORKBOOK_GRADING", "MPLBACKEND")})
+    os.environ.update({k: v for k, v in _env().items()
+                       if k in ("PYTHONPATH", "WORKBOOK_GRADING", "MPLBACKEND", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
     start = time.perf_counter()
     for nb in submissions.values():
         with tempfile.TemporaryDirectory() as cwd:
@@ -108,6 +113,9 @@ def run(n_submissions: int, workers: int, base: Path) -> dict:
         assert workbook(["--course", str(course.root), "autograde", NOTEBOOK, "-j", str(j), "--quiet"]) == 0
         timings[f"workbook -j {j}"] = time.perf_counter() - start
         results[f"workbook -j {j}"] = _scores(course)
+        if j == 1:  # the workers' own execution time (kernel start to last cell), per notebook
+            reports = [json.loads(p.read_text()) for p in (course.reports_dir / NOTEBOOK).glob("student*.json")]
+            executing = sum(r["notebooks"][NOTEBOOK]["seconds"] for r in reports)
 
     n = n_submissions
     report = {
@@ -115,6 +123,7 @@ def run(n_submissions: int, workers: int, base: Path) -> dict:
         "throughput_per_minute": {k: 60 * n / v for k, v in timings.items() if k != "bare"},
         "overhead_per_submission_s": {k: (v - timings["bare"]) / n for k, v in timings.items()
                                       if k in ("nbgrader", "workbook -j 1")},
+        "workbook_overhead_beyond_own_execution_s": (timings["workbook -j 1"] - executing) / n,
         "speedup_vs_nbgrader": timings["nbgrader"] / timings[f"workbook -j {workers}"],
         "speedup_vs_one_worker": timings["workbook -j 1"] / timings[f"workbook -j {workers}"],
         "same_scores": all(r == results["nbgrader"] for r in results.values()),
@@ -141,6 +150,8 @@ def main() -> int:
         print(f"  {name:<14} {seconds:7.1f} s{extra}")
     for name, over in report["overhead_per_submission_s"].items():
         print(f"  overhead beyond executing the notebook, {name}: {over:+.2f} s per submission")
+    print(f"  workbook -j 1 beyond its workers' execution time, same run: "
+          f"{report['workbook_overhead_beyond_own_execution_s']:+.2f} s per submission")
     print(f"  speed-up of -j {report['workers']}: {report['speedup_vs_nbgrader']:.2f}x over nbgrader, "
           f"{report['speedup_vs_one_worker']:.2f}x over -j 1")
     print(f"  same scores from all graders: {report['same_scores']}")

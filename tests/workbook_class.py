@@ -9,8 +9,6 @@ mistake, from ``course_lib.grading.grade`` run here in-process.
 from __future__ import annotations
 
 import copy
-import json
-import re
 import shutil
 import textwrap
 import zipfile
@@ -18,89 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 REPO = Path(__file__).resolve().parents[1]
-MINI = "mini_attention"
 
 
-# ---------------------------------------------------------------------------
-# A small assignment (two course_lib items, a training cell, a written answer)
-# ---------------------------------------------------------------------------
-
-def _meta(grade_id: str, *, solution: bool = False, grade: bool = False, locked: bool = False,
-          points: float | None = None) -> dict:
-    meta = {"grade_id": grade_id, "solution": solution, "grade": grade, "locked": locked, "schema_version": 3}
-    if points is not None:
-        meta["points"] = points
-    return {"nbgrader": meta}
-
-
-def mini_source_notebook() -> nbformat.NotebookNode:
-    """The instructor's version of a small graded notebook."""
-    test = textwrap.dedent('''\
-        check("{name}", {name})
-        ### BEGIN HIDDEN TESTS
-        check("{name}", {name}, hidden=True)
-        ### END HIDDEN TESTS''')
-    cells = [
-        new_markdown_cell("# Masks and attention\nA short graded notebook."),
-        new_code_cell("import torch\nfrom course_lib.device import grading_mode, seed_everything\n"
-                      "from course_lib.grading import check\nseed_everything(0)",
-                      metadata=_meta("setup", locked=True)),
-        new_code_cell(textwrap.dedent('''\
-            def causal_mask(T, device=None):
-                """Boolean (T, T) mask, True on and below the diagonal."""
-                ### BEGIN SOLUTION
-                return torch.ones(T, T, dtype=torch.bool, device=device).tril()
-                ### END SOLUTION'''), metadata=_meta("causal_mask", solution=True)),
-        new_code_cell(test.format(name="causal_mask"),
-                      metadata=_meta("test_causal_mask", grade=True, locked=True, points=2)),
-        new_code_cell(textwrap.dedent('''\
-            def scaled_dot_product_attention(q, k, v, mask=None):
-                """softmax(q kᵀ / √d_k) v; returns (out, weights)."""
-                ### BEGIN SOLUTION
-                scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
-                if mask is not None:
-                    scores = scores.masked_fill(~mask, float("-inf"))
-                weights = torch.softmax(scores, dim=-1)
-                return weights @ v, weights
-                ### END SOLUTION'''), metadata=_meta("scaled_dot_product_attention", solution=True)),
-        new_code_cell(test.format(name="scaled_dot_product_attention"),
-                      metadata=_meta("test_scaled_dot_product_attention", grade=True, locked=True, points=5)),
-        new_code_cell(textwrap.dedent('''\
-            steps = 5 if grading_mode() else 200
-            w = torch.zeros(4, requires_grad=True)
-            opt = torch.optim.SGD([w], lr=0.1)
-            for _ in range(steps):
-                opt.zero_grad(); loss = ((w - 1) ** 2).sum(); loss.backward(); opt.step()
-            print(f"training steps: {steps}, final loss {loss.item():.3f}")'''),
-                      metadata=_meta("train", locked=True)),
-        new_markdown_cell("Why is the mask boolean?", metadata=_meta("why_boolean", solution=False, locked=True)),
-        new_markdown_cell("YOUR ANSWER HERE", metadata=_meta("answer_why_boolean", solution=True, grade=True,
-                                                             points=1)),
-    ]
-    nb = new_notebook(cells=cells)
-    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    return nb
-
-
-def make_course(root: Path, use_repo_notebook: str | None = None) -> tuple[Path, str]:
-    """A course folder at ``root`` with one source assignment; returns (root, assignment).
-
-    With ``use_repo_notebook`` (e.g. ``"03_self_attention"``) that notebook of the
-    repository's ``solutions/`` is the assignment; otherwise the small one above.
-    """
+def make_course(root: Path, notebook: str = "03_self_attention") -> tuple[Path, str]:
+    """A course folder at ``root`` holding the repository's nbgrader configuration and
+    the source of ``notebook`` (from ``solutions/``); returns (root, assignment)."""
     root.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
     (root / "grading").mkdir(exist_ok=True)
-    if use_repo_notebook:
-        shutil.copytree(REPO / "solutions" / use_repo_notebook, root / "solutions" / use_repo_notebook)
-        return root, use_repo_notebook
-    folder = root / "solutions" / MINI
-    folder.mkdir(parents=True)
-    nbformat.write(mini_source_notebook(), str(folder / f"{MINI}.ipynb"))
-    return root, MINI
+    shutil.copytree(REPO / "solutions" / notebook, root / "solutions" / notebook,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    return root, notebook
 
 
 # ---------------------------------------------------------------------------
