@@ -2,8 +2,9 @@
 
 The class is made from a released notebook and its solution notebook: correct,
 partial, mistaken, broken and malicious submissions, each with the score it must
-get computed from the notebook itself (test-cell points) or, for a catalogued
-mistake, from ``course_lib.grading.grade`` run here in-process.
+get: the test cells' points, or, where a cell is broken, stubbed or mistaken,
+``course_lib.grading.grade`` run here in-process on the solution cells that would
+have run (no kernel, no nbgrader).
 """
 
 from __future__ import annotations
