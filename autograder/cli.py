@@ -1,0 +1,199 @@
+"""``workbook``: the instructor's one command, from release to grades.
+
+    workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
+                                              (--check: only check notebooks/ is in sync)
+    workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
+    workbook autograde [ASSIGNMENT ...]       grade in parallel, safely, under limits
+    workbook feedback [ASSIGNMENT ...]        per-student HTML (no hidden test code)
+    workbook export [-o FILE]                 grades CSV: every notebook and the total
+    workbook status [ASSIGNMENT ...]          students × notebooks, with the problems
+
+Run inside the course folder (the one with nbgrader_config.py) or pass --course.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .course import Course, CourseError
+
+__all__ = ["main", "build_parser"]
+
+
+def _memory(text: str) -> int | None:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected megabytes (0 for no limit), got {text}")
+    return value or None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbook", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--course", help="the course folder (default: the nearest folder with nbgrader_config.py)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("release", help="regenerate the student notebooks from solutions/")
+    p.add_argument("assignment", nargs="?")
+    p.add_argument("--check", action="store_true", help="only check that notebooks/ is in sync")
+
+    p = sub.add_parser("collect", help="import submissions from a folder or an LMS download")
+    p.add_argument("source", help="a folder or a .zip")
+    p.add_argument("-a", "--assignment", help="the assignment (needed unless the folders name it)")
+    p.add_argument("--roster", help="file of student ids (one per line, or a CSV with an 'id' column)")
+    p.add_argument("--pattern", help="regular expression with a (?P<student>...) group for LMS file names")
+    p.add_argument("--dry-run", action="store_true", help="report what would be imported; write nothing")
+
+    p = sub.add_parser("autograde", help="autograde submissions in parallel")
+    p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
+    p.add_argument("-s", "--student", action="append", help="only this student (repeatable)")
+    p.add_argument("-j", "--workers", type=int, default=0, help="worker processes (default: one per core)")
+    p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
+    p.add_argument("--notebook-timeout", type=_positive, default=1800, help="seconds per notebook (default 1800)")
+    p.add_argument("--memory-mb", type=_memory, default=4096,
+                   help="address-space limit of a kernel in MB (default 4096; 0: none, e.g. for CUDA)")
+    p.add_argument("--max-output-kb", type=_positive, default=256, help="output kept per cell (default 256)")
+    p.add_argument("--threads", type=_positive, default=1, help="CPU threads per kernel (default 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("feedback", help="write per-student feedback HTML")
+    p.add_argument("assignments", nargs="*")
+    p.add_argument("-s", "--student", action="append")
+
+    p = sub.add_parser("export", help="write the grades CSV")
+    p.add_argument("assignments", nargs="*")
+    p.add_argument("-o", "--output", help="default: grading/grades.csv")
+
+    p = sub.add_parser("status", help="table of students × notebooks")
+    p.add_argument("assignments", nargs="*")
+    return parser
+
+
+def _read_roster(path: str) -> set[str]:
+    import csv
+    text = Path(path).read_text(encoding="utf-8")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines and "," in lines[0]:
+        rows = list(csv.DictReader(lines))
+        key = next((k for k in ("id", "student_id", "student", "username") if k in rows[0]), None)
+        if key is None:
+            raise CourseError(f"{path}: a CSV roster needs an 'id' column")
+        return {r[key].strip() for r in rows if r[key].strip()}
+    return set(lines)
+
+
+def _release(course: Course, args: argparse.Namespace) -> int:
+    from . import release
+    which = [args.assignment] if args.assignment else None
+    if which and which[0] not in release.assignments(course.root):
+        raise CourseError(f"no assignment {which[0]!r} in {course.source_dir}; known: "
+                          f"{', '.join(release.assignments(course.root))}")
+    if args.check:
+        problems = release.out_of_date(which, root=course.root)
+        if problems:
+            print("notebooks/ is out of date with solutions/:")
+            print("\n".join(f"  - {p}" for p in problems))
+            print("Regenerate with: workbook release")
+            return 1
+        print("notebooks/ is in sync with solutions/.")
+        return 0
+    for path in release.release(which, root=course.root):
+        course.record_assignment(path.name)
+        print(f"generated {path.relative_to(course.root)} and recorded it in the gradebook")
+    return 0
+
+
+def _collect(course: Course, args: argparse.Namespace) -> int:
+    from .collect import collect
+    roster = _read_roster(args.roster) if args.roster else None
+    result = collect(course, args.source, args.assignment, roster=roster, pattern=args.pattern,
+                     dry_run=args.dry_run)
+    verb = "would import" if args.dry_run else "imported"
+    for student, notebooks in sorted(result.imported.items()):
+        notes = "".join(f"\n    note: {n['message']}" for n in result.notes.get(student, []))
+        print(f"  {student}: {', '.join(notebooks)}{notes}")
+    for line in result.ignored:
+        print(f"  ignored {line}")
+    for line in result.errors:
+        print(f"  ERROR {line}", file=sys.stderr)
+    print(f"{verb} {len(result.imported)} students; {len(result.ignored)} files ignored; "
+          f"{len(result.errors)} errors")
+    return 1 if result.errors else 0
+
+
+def _autograde(course: Course, args: argparse.Namespace) -> int:
+    from .autograde import GradingOptions, autograde
+    from .execute import Limits
+    assignments = args.assignments or course.submitted_assignments()
+    if not assignments:
+        raise CourseError(f"no submissions in {course.submitted_dir}: run `workbook collect` first")
+    cell_timeout = args.cell_timeout or int(course.setting("Execute", "timeout", 300))
+    limits = Limits(cell_timeout=cell_timeout, notebook_timeout=args.notebook_timeout,
+                    memory_mb=args.memory_mb, max_output_kb=args.max_output_kb)
+    options = GradingOptions(workers=args.workers, limits=limits, threads_per_kernel=args.threads,
+                             students=args.student)
+    for assignment in assignments:
+        bar = None
+        if not args.quiet:
+            from tqdm.auto import tqdm
+            total = len(args.student or course.submitted_students(assignment)) * \
+                len(course.gradebook_notebooks(assignment))
+            bar = tqdm(total=total, desc=f"autograde {assignment}", unit="notebook")
+        reports = autograde(course, assignment, options, progress=(lambda r: bar.update(1)) if bar else None)
+        if bar:
+            bar.close()
+        failed = sum(1 for r in reports for n in r["notebooks"].values() if n["status"] == "failed")
+        flagged = sum(1 for r in reports for n in r["notebooks"].values() if n["problems"])
+        print(f"{assignment}: graded {len(reports)} students ({failed} notebooks could not be graded, "
+              f"{flagged} with problems; see `workbook status`)")
+    return 0
+
+
+def _feedback(course: Course, args: argparse.Namespace) -> int:
+    from .feedback import generate_feedback
+    assignments = args.assignments or sorted(p.name for p in course.reports_dir.glob("*") if p.is_dir())
+    for assignment in assignments:
+        written = generate_feedback(course, assignment, args.student)
+        print(f"{assignment}: feedback for {len(written)} students in {course.feedback_dir}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        course = Course(args.course) if args.course else Course()
+        if args.command == "release":
+            return _release(course, args)
+        if args.command == "collect":
+            return _collect(course, args)
+        if args.command == "autograde":
+            return _autograde(course, args)
+        if args.command == "feedback":
+            return _feedback(course, args)
+        if args.command == "export":
+            from .reports import export_csv
+            text = export_csv(course, args.output, args.assignments or None)
+            print(text, end="")
+            return 0
+        if args.command == "status":
+            from .reports import status_table
+            print(status_table(course, args.assignments or None))
+            return 0
+    except (CourseError, FileNotFoundError) as exc:
+        print(f"workbook {args.command}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Per-student feedback HTML: nbgrader's feedback page without the hidden tests.
+
+nbgrader's ``GenerateFeedback`` renders the autograded notebook, so its test cells
+show the hidden test code. Here nbgrader's ``ClearHiddenTests`` preprocessor runs
+first, and the tracebacks of failing test cells (which quote the cell's code) are
+cut to the error's name and message: a student sees each test cell's visible call
+and the report it printed (the check results and hint messages), never the hidden
+code. The problems found
+while grading are shown at the top; a notebook that could not be graded at all gets
+a short page saying why.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import shutil
+from pathlib import Path
+
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.converters import GenerateFeedback
+from nbgrader.coursedir import CourseDirectory
+from nbgrader import utils as nbutils
+from nbgrader.preprocessors import ClearHiddenTests, GetGrades, NbGraderPreprocessor
+from traitlets.config import Config
+
+from .course import Course, read_json
+
+__all__ = ["generate_feedback", "problems_html"]
+
+_LOG = logging.getLogger("autograder.feedback")
+_LOG.addHandler(logging.NullHandler())
+_LOG.propagate = False
+
+
+class HideTestTracebacks(NbGraderPreprocessor):
+    """Error outputs of graded test cells keep only ``Name: message``: their
+    tracebacks quote the cell's code, hidden tests included."""
+
+    def preprocess_cell(self, cell, resources, index):  # noqa: ANN001, ANN201
+        if cell.cell_type == "code" and nbutils.is_grade(cell) and not nbutils.is_solution(cell):
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    value = str(output.get("evalue", "")).strip()
+                    output["traceback"] = [f"{output.get('ename', 'Error')}: {value}" if value
+                                           else str(output.get("ename", "Error"))]
+        return cell, resources
+
+
+def problems_html(record: dict) -> str:
+    """An HTML box listing a notebook's score and the problems found while grading."""
+    items = "".join(f"<li>{html.escape(p['message'])}</li>" for p in record.get("problems", []))
+    score = f"{record.get('score', 0):g} / {record.get('max_score', 0):g}"
+    body = f"<ul>{items}</ul>" if items else "<p>No problems were found while grading.</p>"
+    return ('<div class="workbook-grading-notes" style="border:2px solid #c60;padding:1em;margin:1em">'
+            f"<h3>Autograding: {html.escape(record['notebook'])} — {score} points</h3>{body}</div>")
+
+
+def _failure_page(record: dict, assignment: str, student: str) -> str:
+    title = html.escape(f"{assignment} / {record['notebook']} — feedback for {student}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
+            f"<body><h1>{title}</h1><p>This notebook could not be graded.</p>{problems_html(record)}"
+            "</body></html>\n")
+
+
+def _nbgrader_feedback(course: Course, assignment: str, student: str) -> None:
+    cfg = Config(course.config)
+    cfg.GenerateFeedback.preprocessors = [HideTestTracebacks, ClearHiddenTests, GetGrades,
+                                            CSSHTMLHeaderPreprocessor]
+    cfg.ClearHiddenTests.enforce_metadata = False
+    cfg.HTMLExporter.template_name = "feedback"
+    coursedir = CourseDirectory(config=cfg)
+    coursedir.assignment_id = assignment
+    coursedir.student_id = student
+    converter = GenerateFeedback(coursedir=coursedir, config=cfg, log=_LOG)
+    converter.force = True
+    converter.start()
+
+
+def generate_feedback(course: Course, assignment: str, students: list[str] | None = None) -> dict[str, list[Path]]:
+    """Write ``grading/feedback/<student>/<assignment>/<notebook>.html``; return the files."""
+    reports = course.reports_dir / assignment
+    students = students or sorted(p.stem for p in reports.glob("*.json") if not p.stem.startswith("_"))
+    written: dict[str, list[Path]] = {}
+    for student in students:
+        report = read_json(course.report_path(assignment, student))
+        if report is None:
+            raise FileNotFoundError(f"{student} has no autograding report for {assignment}: run "
+                                    f"`workbook autograde {assignment}` first")
+        out_dir = course.feedback_dir / student / assignment
+        shutil.rmtree(out_dir, ignore_errors=True)
+        graded = any(course.autograded_path(student, assignment, n).exists() for n in report["notebooks"])
+        if graded:
+            try:
+                _nbgrader_feedback(course, assignment, student)
+            except Exception as exc:  # report it on the page rather than stop the batch
+                for record in report["notebooks"].values():
+                    record.setdefault("problems", []).append(
+                        {"kind": "feedback", "message": f"nbgrader could not render the feedback: {exc}", "cell": ""})
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files = []
+        for notebook, record in sorted(report["notebooks"].items()):
+            page = out_dir / f"{notebook}.html"
+            if page.exists():
+                text = page.read_text(encoding="utf-8")
+                at = text.find(">", text.find("<body")) + 1
+                text = text[:at] + problems_html(record) + text[at:] if at > 0 else problems_html(record) + text
+                page.write_text(text, encoding="utf-8")
+            else:
+                page.write_text(_failure_page(record, assignment, student), encoding="utf-8")
+            files.append(page)
+        written[student] = files
+    return written

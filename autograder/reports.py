@@ -1,0 +1,105 @@
+"""Grades out of the gradebook: the CSV export and the status table."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from nbgrader.api import MissingEntry
+
+from .course import Course, read_json
+
+__all__ = ["grade_rows", "export_csv", "status_table"]
+
+
+def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[list[str], list[dict]]:
+    """(columns, rows): per student, the score of every notebook, and the total.
+
+    Columns are ``student``, one ``<assignment>/<notebook>`` per notebook, ``total``,
+    ``max_total`` and ``problems`` (the number of problems found while grading).
+    """
+    with course.gradebook() as gb:
+        assignments = assignments or sorted(a.name for a in gb.assignments)
+        notebooks = [(a, nb.name, nb.max_score) for a in assignments
+                     for nb in gb.find_assignment(a).notebooks]
+        columns = ["student"] + [f"{a}/{n}" for a, n, _ in notebooks] + ["total", "max_total", "problems"]
+        rows = []
+        for student in sorted(s.id for s in gb.students):
+            row: dict = {"student": student}
+            total = 0.0
+            problems = 0
+            for a, n, max_score in notebooks:
+                try:
+                    score = float(gb.find_submission_notebook(n, a, student).score)
+                except MissingEntry:
+                    score = 0.0
+                row[f"{a}/{n}"] = score
+                total += score
+                report = read_json(course.report_path(a, student), {}) or {}
+                problems += len(report.get("notebooks", {}).get(n, {}).get("problems", []))
+            row["total"] = total
+            row["max_total"] = float(sum(m for _, _, m in notebooks))
+            row["problems"] = problems
+            rows.append(row)
+    return columns, rows
+
+
+def export_csv(course: Course, path: str | Path | None = None, assignments: list[str] | None = None) -> str:
+    """Write the grades CSV to ``path`` (default ``grading/grades.csv``); return its text."""
+    columns, rows = grade_rows(course, assignments)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (f"{v:g}" if isinstance(v, float) else v) for k, v in row.items()})
+    text = buffer.getvalue()
+    target = Path(path) if path else course.grading_dir / "grades.csv"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    return text
+
+
+def status_table(course: Course, assignments: list[str] | None = None) -> str:
+    """A plain-text table: students × notebooks, scores, and the problems below it."""
+    with course.gradebook() as gb:
+        assignments = assignments or sorted(a.name for a in gb.assignments)
+        notebooks = [(a, nb.name) for a in assignments for nb in gb.find_assignment(a).notebooks]
+        students = sorted(s.id for s in gb.students)
+        header = ["student"] + [n for _, n in notebooks] + ["total"]
+        table = [header]
+        notes = []
+        for student in students:
+            line = [student]
+            total = max_total = 0.0
+            for a, n in notebooks:
+                report = read_json(course.report_path(a, student), {}) or {}
+                record = report.get("notebooks", {}).get(n)
+                try:
+                    sub = gb.find_submission_notebook(n, a, student)
+                    score, max_score = float(sub.score), float(sub.max_score)
+                    cell = f"{score:g}/{max_score:g}"
+                except MissingEntry:
+                    score, max_score = 0.0, float(gb.find_notebook(n, a).max_score)
+                    cell = "—"
+                if record is None and cell != "—":
+                    cell += " (not autograded)"
+                elif record is not None:
+                    problems = record.get("problems", [])
+                    if record.get("status") == "failed":
+                        cell += " FAILED"
+                    elif problems:
+                        cell += f" !{len(problems)}"
+                    for p in problems:
+                        notes.append(f"{student} {n}: [{p['kind']}] {p['message']}")
+                total += score
+                max_total += max_score
+                line.append(cell)
+            line.append(f"{total:g}/{max_total:g}")
+            table.append(line)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if notes:
+        lines += ["", "Problems (FAILED: nothing could be graded; !N: N problems):"] + ["  " + n for n in notes]
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""Fast tests of the workbook CLI's parts: collecting, reading submissions, the
+kernel sandbox and the worker pool (no notebook is executed)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.autograde import read_submission
+from autograder.collect import collect
+from autograder.course import Course, CourseError
+from autograder.pool import WorkerPool
+from pool_jobs import handler
+
+REPO = Path(__file__).resolve().parents[1]
+A = "03_self_attention"
+
+
+@pytest.fixture
+def course(tmp_path) -> Course:
+    """A course folder with notebook 03 released (copied, not regenerated)."""
+    root = tmp_path / "course"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "nbgrader_config.py").write_text((REPO / "nbgrader_config.py").read_text())
+    (root / "notebooks" / A).mkdir()
+    (root / "notebooks" / A / f"{A}.ipynb").write_bytes((REPO / "notebooks" / A / f"{A}.ipynb").read_bytes())
+    return Course(root)
+
+
+def released(course: Course) -> bytes:
+    return (course.release_dir / A / f"{A}.ipynb").read_bytes()
+
+
+def test_collect_lms_folder_with_roster(course, tmp_path):
+    lms = tmp_path / "lms"
+    lms.mkdir()
+    nb = released(course)
+    (lms / f"Smith_s1_{A}.ipynb").write_bytes(nb)
+    (lms / "Jones_s2_my work (1).ipynb").write_bytes(nb)  # renamed: found by its graded cells
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(f"folder/{A}.ipynb", nb)
+        z.writestr("folder/data.txt", "x")
+        z.writestr("__MACOSX/._x", "junk")
+    (lms / "Lee_s3_submission.zip").write_bytes(buf.getvalue())
+    (lms / f"Nobody_s9_{A}.ipynb").write_bytes(nb)  # not on the roster
+    (lms / "s4_essay.ipynb").write_text('{"cells": [], "nbformat": 4, "nbformat_minor": 5, "metadata": {}}')
+    (lms / f"s5_{A}.ipynb").write_bytes(nb)
+    (lms / "s5_copy.ipynb").write_bytes(nb)  # a second copy of the same notebook
+    result = collect(course, lms, A, roster={"s1", "s2", "s3", "s4", "s5"})
+    assert sorted(result.imported) == ["s1", "s2", "s3"]
+    assert "renamed" in json.dumps(result.notes["s2"]) and "my work (1).ipynb" in result.notes["s2"][0]["message"]
+    assert (course.submission_dir("s3", A) / "data.txt").read_text() == "x"
+    assert any("__MACOSX" in line for line in result.ignored)
+    errors = "\n".join(result.errors)
+    assert "Nobody_s9" in errors and "unrecognised student id" in errors
+    assert "s4_essay.ipynb: unrecognised notebook name" in errors
+    assert "s5_copy.ipynb" in errors and "neither was imported" in errors
+    assert not course.submission_dir("s5", A).exists()
+    assert len(result.errors) == 3
+    log = json.loads(course.collect_log_path(A).read_text())
+    assert log["notes"]["s1"] == [] and log["notes"]["s2"][0]["kind"] == "renamed"
+
+
+def test_collect_nbgrader_layout_and_pattern(course, tmp_path):
+    src = tmp_path / "exchange"
+    (src / "alice" / A).mkdir(parents=True)
+    (src / "alice" / A / f"{A}.ipynb").write_bytes(released(course))
+    (src / "alice" / A / "timestamp.txt").write_text("2026-01-01 10:00:00")
+    result = collect(course, src, roster=set())
+    assert result.ok and result.imported == {"alice": [A]}
+    assert (course.submission_dir("alice", A) / "timestamp.txt").exists()
+    # an LMS zip without a roster: the id comes from --pattern
+    download = tmp_path / "download.zip"
+    with zipfile.ZipFile(download, "w") as z:
+        z.writestr(f"Doe Jane_12345_67890_{A}.ipynb", released(course))
+        z.writestr("notes.pdf", b"%PDF")
+    result = collect(course, download, A, roster=set(), pattern=r"_(?P<student>\d+)_\d+_")
+    assert list(result.imported) == ["12345"]
+    assert result.errors == ["notes.pdf: unrecognised file name (no student id matches the pattern "
+                             "'_(?P<student>\\\\d+)_\\\\d+_'; use --pattern or --roster)"]
+
+
+def test_collect_rejects_unknown_assignment(course, tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "a_b.ipynb").write_text("{}")
+    with pytest.raises(CourseError, match="unknown assignment 'nope'"):
+        collect(course, tmp_path / "x", "nope", roster=set())
+
+
+def test_read_submission_reasons(tmp_path):
+    good = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+    path = tmp_path / "nb.ipynb"
+    nb, problems = read_submission(path)
+    assert nb is None and problems[0]["kind"] == "missing"
+    path.write_text(nbformat.writes(good)[:40])
+    nb, problems = read_submission(path)
+    assert nb is None and problems[0]["kind"] == "invalid_json" and "not valid notebook JSON" in problems[0]["message"]
+    path.write_text('{"hello": 1}')
+    nb, problems = read_submission(path)
+    assert nb is None and problems[0]["kind"] == "invalid_notebook"
+    path.write_text(nbformat.writes(nbformat.convert(good, 3), version=3))
+    nb, problems = read_submission(path)
+    assert nb is not None and nb.nbformat == 4 and nb.cells[0].source == "1"
+    assert [p["kind"] for p in problems] == ["old_format"]
+
+
+def test_sandbox_limits_memory_and_records_pid(tmp_path):
+    pid_file = tmp_path / "pid"
+    code = "bytearray(600 * 2**20)"
+    proc = subprocess.run([sys.executable, "-m", "autograder.sandbox", "--memory-mb", "300", "--pid-file",
+                           str(pid_file), "--", sys.executable, "-c", code],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 1 and "MemoryError" in proc.stderr
+    assert int(pid_file.read_text()) > 0
+    ok = subprocess.run([sys.executable, "-m", "autograder.sandbox", "--memory-mb", "300", "--",
+                         sys.executable, "-c", "bytearray(50 * 2**20)"], cwd=REPO)
+    assert ok.returncode == 0
+
+
+# -- the worker pool: handlers must be importable by spawned workers -------------
+
+def test_pool_survives_crashes_hangs_and_errors():
+    jobs = [{"job_id": i, "what": what, "x": i, "hard_timeout": 4 if what == "hang" else 60}
+            for i, what in enumerate(["ok", "crash", "ok", "hang", "raise", "ok"])]
+    results = {}
+    start = time.monotonic()
+    with WorkerPool(2, handler) as pool:
+        pool.run(jobs, lambda job, result: results.__setitem__(job["job_id"], result))
+    assert time.monotonic() - start < 30
+    assert sorted(results) == list(range(6))
+    assert [results[i]["value"] for i in (0, 2, 5)] == [0, 4, 10]
+    assert "exit code 7" in results[1]["crash"]
+    assert results[3].get("hard_timeout") and "within 4 s" in results[3]["crash"]
+    assert results[4]["crash"] == "ValueError: bad job"
+
+
+def test_pool_rejects_no_workers():
+    with pytest.raises(ValueError, match="at least one worker"):
+        WorkerPool(0, handler)
