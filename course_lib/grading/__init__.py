@@ -9,10 +9,10 @@ In a test cell::
 """
 
 from .registry import all_specs, get_spec
-from .runner import ItemResult, Score, check, format_report, grade
+from .runner import ItemResult, Score, check, format_report, grade, working_or_reference
 from .spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 __all__ = [
-    "check", "grade", "format_report", "get_spec", "all_specs",
+    "check", "grade", "working_or_reference", "format_report", "get_spec", "all_specs",
     "ItemSpec", "SubCheck", "Case", "Mistake", "CheckFailed", "ItemResult", "Score",
 ]

@@ -24,7 +24,8 @@ from ..device import get_device
 from .compare import describe_difference, describe_value
 from .spec import Case, CheckFailed, ItemSpec, SubCheck
 
-__all__ = ["Trial", "SubResult", "ItemResult", "Score", "grade", "check", "format_report", "quiet"]
+__all__ = ["Trial", "SubResult", "ItemResult", "Score", "grade", "check", "format_report", "quiet",
+           "unwatched", "working_or_reference"]
 
 
 class ReferenceUsed(Exception):
@@ -369,12 +370,13 @@ def format_report(result: ItemResult) -> str:
     if result.graded:
         head = f"{name}: {result.earned:g}/{result.total_points:g} points"
         if n_pass == n:
-            lines.append(f"✓ {head} — all {n} checks pass.")
+            lines.append(f"✓ {head} — " + ("the check passes." if n == 1 else f"all {n} checks pass."))
         else:
             lines.append(f"✗ {head} — {n - n_pass} of {n} checks failed.")
     else:
         if n_pass == n:
-            lines.append(f"✓ {name}: the {n} visible checks pass. The grader runs more checks on other inputs.")
+            which = "the visible check passes" if n == 1 else f"the {n} visible checks pass"
+            lines.append(f"✓ {name}: {which}. The grader runs more checks on other inputs.")
         else:
             lines.append(f"✗ {name}: {n - n_pass} of {n} visible checks failed.")
     if n_pass != n:
@@ -403,3 +405,23 @@ def check(item: str, impl: Any, hidden: bool = False, device: torch.device | str
     result = grade(spec, impl, hidden=hidden, device=device)
     print(format_report(result), flush=True)
     return Score(result.score, result)
+
+
+def working_or_reference(item: str, impl: Any) -> Any:
+    """``impl`` if it passes the item's visible checks, else course_lib's reference.
+
+    "See it" cells use this so that they show the student's own code at work when it
+    is right, and still run (with a one-line note) when it is not.
+    """
+    from .registry import get_spec
+
+    spec = get_spec(item)
+    try:
+        result = grade(spec, impl, hidden=False)
+        ok = not result.reference_used and all(r.passed for r in result.results)
+    except Exception:
+        ok = False
+    if ok:
+        return impl
+    print(f"(Your {item} does not pass its visible checks yet, so this cell uses course_lib's reference.)")
+    return spec.reference

@@ -1,0 +1,56 @@
+"""Measure the time and memory of attention as the sequence grows."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from .attention import scaled_dot_product_attention
+
+__all__ = ["attention_cost"]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def attention_cost(
+    lengths: Sequence[int],
+    d_k: int = 64,
+    heads: int = 4,
+    repeats: int = 3,
+    device: torch.device | str = "cpu",
+    attend: Callable = scaled_dot_product_attention,
+) -> dict[str, list]:
+    """Time one attention pass and the size of its weights, per sequence length.
+
+    The time is the best of at least ``repeats`` runs (more for fast lengths, up to
+    about 0.1 s per length), which filters out noise from other work on the machine.
+
+    Inputs are ``(1, heads, T, d_k)``. Returns ``{"T": [...], "seconds": [...],
+    "weight_bytes": [...]}``; ``weight_bytes`` is the size of the ``(1, heads, T, T)``
+    weight tensor actually returned.
+    """
+    device = torch.device(device)
+    result: dict[str, list] = {"T": [], "seconds": [], "weight_bytes": []}
+    g = torch.Generator().manual_seed(0)
+    for T in lengths:
+        q, k, v = (torch.randn(1, heads, T, d_k, generator=g).to(device) for _ in range(3))
+        with torch.no_grad():
+            attend(q, k, v)  # warm-up
+            best, spent, runs = float("inf"), 0.0, 0
+            while runs < repeats or (spent < 0.1 and runs < 50):
+                runs += 1
+                _sync(device)
+                start = time.perf_counter()
+                _, weights = attend(q, k, v)
+                _sync(device)
+                elapsed = time.perf_counter() - start
+                best, spent = min(best, elapsed), spent + elapsed
+        result["T"].append(int(T))
+        result["seconds"].append(best)
+        result["weight_bytes"].append(weights.numel() * weights.element_size())
+    return result

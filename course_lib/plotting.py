@@ -1,0 +1,83 @@
+"""Plots used by the notebooks: attention heatmaps, masks and cost curves.
+
+Every function draws on a matplotlib ``Axes`` (created if not given) and returns it,
+so that a notebook can arrange several plots in one figure.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+
+__all__ = ["attention_heatmap", "mask_image", "cost_curves", "to_numpy"]
+
+
+def to_numpy(x) -> np.ndarray:
+    """Tensor (any device, with or without grad) or array -> NumPy array."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x)
+
+
+def attention_heatmap(
+    weights,
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    ax: Axes | None = None,
+    title: str = "attention weights",
+    colorbar: bool = True,
+    vmax: float | None = 1.0,
+) -> Axes:
+    """Heatmap of a ``(T_q, T_k)`` weight matrix: rows are queries, columns keys."""
+    w = to_numpy(weights)
+    if w.ndim != 2:
+        raise ValueError(f"expected a (T_q, T_k) matrix, got shape {w.shape}")
+    ax = ax or plt.subplots(figsize=(0.45 * w.shape[1] + 2.5, 0.45 * w.shape[0] + 1.5))[1]
+    image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto")
+    if key_labels is not None:
+        ax.set_xticks(range(len(key_labels)), key_labels, rotation=60, ha="right")
+    if query_labels is not None:
+        ax.set_yticks(range(len(query_labels)), query_labels)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.set_title(title)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="weight")
+    return ax
+
+
+def mask_image(mask, ax: Axes | None = None, title: str = "mask (True = may attend)") -> Axes:
+    """Show a boolean ``(T_q, T_k)`` mask: white = may attend, dark = blocked."""
+    m = to_numpy(mask).astype(float)
+    if m.ndim != 2:
+        raise ValueError(f"expected a (T_q, T_k) mask, got shape {m.shape}")
+    ax = ax or plt.subplots(figsize=(3, 3))[1]
+    ax.imshow(m, cmap="gray", vmin=0, vmax=1)
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    ax.set_title(title)
+    return ax
+
+
+def cost_curves(lengths: Sequence[int], seconds: Sequence[float], weight_bytes: Sequence[int],
+                axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
+    """Log-log time and memory of attention against sequence length, with a T² guide."""
+    if axes is None:
+        axes = plt.subplots(1, 2, figsize=(10, 3.6))[1]
+    t = np.asarray(lengths, dtype=float)
+    for ax, values, label in ((axes[0], np.asarray(seconds) * 1e3, "time per forward pass (ms)"),
+                              (axes[1], np.asarray(weight_bytes) / 2**20, "memory of the weights (MiB)")):
+        ax.loglog(t, values, "o-", label="measured")
+        guide = values[-1] * (t / t[-1]) ** 2
+        ax.loglog(t, guide, "--", color="gray", label="∝ T²")
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel(label)
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_title("time grows ~ T² for long sequences")
+    axes[1].set_title("the T×T weight matrix: exactly ∝ T²")
+    return axes

@@ -1,0 +1,40 @@
+"""Shared fixtures and the notebook-timing summary printed at the end of a run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Notebook wall times collected by tests/nbtools.py, reported at the end of the run.
+NOTEBOOK_TIMES: dict[str, float] = {}
+
+
+def pytest_configure(config):
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    config._workbook_times = NOTEBOOK_TIMES
+
+
+def pytest_terminal_summary(terminalreporter):
+    if NOTEBOOK_TIMES:
+        terminalreporter.section("notebook wall times")
+        for name, seconds in sorted(NOTEBOOK_TIMES.items()):
+            terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
+
+
+@pytest.fixture
+def cuda():
+    """A CUDA device, or skip the test cleanly."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch.device("cuda")
+
+
+def devices() -> list:
+    """CPU always; CUDA when present (as a skipped parameter otherwise)."""
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="no CUDA device"))]

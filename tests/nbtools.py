@@ -1,0 +1,243 @@
+"""Helpers for tests that execute notebooks and run nbgrader end to end.
+
+- ``execute(path)`` runs a notebook top to bottom in a fresh kernel (working directory
+  outside the repository) and returns the executed notebook and its wall time.
+- ``cell(nb, grade_id)``, ``text(cell)``, ``result(cell)`` read what a cell printed.
+- ``Course`` is a throw-away nbgrader course: the repository's solutions are copied in,
+  ``generate()`` releases them, ``submit(student, notebook)`` adds a submission,
+  ``autograde()`` grades everything with the real nbgrader command line, ``scores()``
+  reads the gradebook and ``feedback_html(student)`` the generated feedback.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from conftest import NOTEBOOK_TIMES, ROOT
+
+PYTHON_BIN = Path(sys.executable).parent
+
+
+def kernel_env(grading: bool = False) -> dict[str, str]:
+    """Environment for kernels and nbgrader: the repository importable, Agg plots."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    env["PATH"] = str(PYTHON_BIN) + os.pathsep + env.get("PATH", "")
+    env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
+    if grading:
+        env["WORKBOOK_GRADING"] = "1"
+    else:
+        env.pop("WORKBOOK_GRADING", None)
+    return env
+
+
+def execute(path: Path, timeout: int = 600, grading: bool = False) -> tuple[nbformat.NotebookNode, float]:
+    """Execute a notebook (errors kept in the outputs); return it and its wall time."""
+    nb = nbformat.read(str(path), as_version=4)
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "MPLBACKEND", "WORKBOOK_GRADING")}
+    os.environ.update({k: v for k, v in kernel_env(grading).items() if k in saved})
+    if not grading:
+        os.environ.pop("WORKBOOK_GRADING", None)
+    try:
+        with tempfile.TemporaryDirectory(prefix="workbook-run-") as cwd:
+            client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                                    resources={"metadata": {"path": cwd}})
+            start = time.perf_counter()
+            client.execute()
+            seconds = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    NOTEBOOK_TIMES[f"{Path(path).parent.name}/{Path(path).name}" + (" (grading mode)" if grading else "")] = seconds
+    return nb, seconds
+
+
+def grade_id(c) -> str | None:
+    return c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def cell(nb, gid: str):
+    for c in nb.cells:
+        if grade_id(c) == gid:
+            return c
+    raise KeyError(f"no cell with grade_id {gid!r}")
+
+
+def text(c) -> str:
+    """Everything a code cell printed (stdout and stderr streams, errors)."""
+    parts = []
+    for o in c.get("outputs", []):
+        if o.output_type == "stream":
+            parts.append(o.text)
+        elif o.output_type == "error":
+            parts.append(f"{o.ename}: {o.evalue}")
+    return "".join(parts)
+
+
+def stderr(c) -> str:
+    return "".join(o.text for o in c.get("outputs", []) if o.output_type == "stream" and o.name == "stderr")
+
+
+def errors(nb) -> list[str]:
+    """``'cell N: Name: message'`` for every cell that raised."""
+    out = []
+    for i, c in enumerate(nb.cells):
+        for o in c.get("outputs", []):
+            if o.output_type == "error":
+                out.append(f"cell {i}: {o.ename}: {o.evalue}")
+    return out
+
+
+def result(c) -> str | None:
+    """The text/plain of a code cell's execute_result (what nbgrader reads for points)."""
+    for o in c.get("outputs", []):
+        if o.output_type == "execute_result":
+            return o.data.get("text/plain")
+    return None
+
+
+def graded_cells(nb) -> list:
+    return [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade") and c.cell_type == "code"]
+
+
+def replace_solution(nb, gid: str, source: str):
+    """A copy of ``nb`` whose cell ``gid`` has the given source (a student's answer)."""
+    new = copy.deepcopy(nb)
+    cell(new, gid).source = source
+    return new
+
+
+class Course:
+    """A temporary nbgrader course built from the repository's solutions."""
+
+    def __init__(self, assignments: list[str]):
+        self.tmp = tempfile.TemporaryDirectory(prefix="workbook-course-")
+        self.root = Path(self.tmp.name)
+        self.assignments = assignments
+        shutil.copy(ROOT / "nbgrader_config.py", self.root / "nbgrader_config.py")
+        for a in assignments:
+            shutil.copytree(ROOT / "solutions" / a, self.root / "solutions" / a)
+
+    def close(self) -> None:
+        self.tmp.cleanup()
+
+    def nbgrader(self, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+        cmd = [str(PYTHON_BIN / "nbgrader"), *args]
+        proc = subprocess.run(cmd, cwd=self.root, env=kernel_env(grading=True), capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def generate(self, assignment: str) -> Path:
+        self.nbgrader("db", "assignment", "add", assignment)
+        self.nbgrader("generate_assignment", assignment, "--force")
+        return self.root / "notebooks" / assignment
+
+    def released(self, assignment: str, notebook: str | None = None):
+        notebook = notebook or assignment
+        return nbformat.read(str(self.root / "notebooks" / assignment / f"{notebook}.ipynb"), as_version=4)
+
+    def submit(self, student: str, assignment: str, nb, notebook: str | None = None, raw: str | None = None) -> None:
+        """Add a submission; ``raw`` writes the file's text as is (e.g. broken JSON)."""
+        notebook = notebook or assignment
+        folder = self.root / "grading" / "submitted" / student / assignment
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{notebook}.ipynb"
+        if raw is not None:
+            path.write_text(raw)
+        else:
+            nbformat.write(nb, str(path))
+        (folder / "timestamp.txt").write_text("2026-11-21 09:00:00.000000 UTC")
+        self.nbgrader("db", "student", "add", student)
+
+    def autograde(self, assignment: str) -> subprocess.CompletedProcess:
+        return self.nbgrader("autograde", assignment, "--force")
+
+    def scores(self, assignment: str) -> dict[str, dict[str, float]]:
+        """``{student: {"code": code_score, "test_<item>": points, ...}}`` from the gradebook."""
+        from nbgrader.api import Gradebook
+
+        out: dict[str, dict[str, float]] = {}
+        with Gradebook(f"sqlite:///{self.root / 'grading' / 'gradebook.db'}") as gb:
+            for sub in gb.assignment_submissions(assignment):
+                row = {"code": sub.code_score}
+                for nb in sub.notebooks:
+                    for grade in nb.grades:
+                        if grade.cell_type == "code":
+                            row[grade.name] = grade.score
+                out[sub.student.id] = row
+        return out
+
+    def autograded(self, student: str, assignment: str, notebook: str | None = None):
+        notebook = notebook or assignment
+        path = self.root / "grading" / "autograded" / student / assignment / f"{notebook}.ipynb"
+        return nbformat.read(str(path), as_version=4)
+
+    def feedback_html(self, student: str, assignment: str, notebook: str | None = None) -> str:
+        notebook = notebook or assignment
+        self.nbgrader("generate_feedback", assignment, "--student", student, "--force")
+        return (self.root / "grading" / "feedback" / student / assignment / f"{notebook}.html").read_text()
+
+
+def solution_sources(assignment: str, notebook: str | None = None) -> dict[str, str]:
+    """``{grade_id: source}`` of the solution cells of a solutions/ notebook."""
+    notebook = notebook or assignment
+    nb = json.loads((ROOT / "solutions" / assignment / f"{notebook}.ipynb").read_text())
+    out = {}
+    for c in nb["cells"]:
+        meta = c.get("metadata", {}).get("nbgrader", {})
+        if meta.get("solution") and c["cell_type"] == "code":
+            lines = "".join(c["source"]).splitlines()
+            keep = [line for line in lines if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")]
+            out[meta["grade_id"]] = "\n".join(keep) + "\n"
+    return out
+
+
+_EXECUTED: dict[tuple[str, bool], tuple[nbformat.NotebookNode, float]] = {}
+
+
+def executed_solution(assignment: str, student: bool = False) -> tuple[nbformat.NotebookNode, float]:
+    """The solution (or student) notebook of ``assignment`` executed once per test session.
+
+    Tests that assert on a notebook's outputs (quality numbers, plots, test cells) share
+    this run instead of executing the notebook again.
+    """
+    key = (assignment, student)
+    if key not in _EXECUTED:
+        folder = "notebooks" if student else "solutions"
+        path = ROOT / folder / assignment / f"{assignment}.ipynb"
+        _EXECUTED[key] = execute(path)
+    return _EXECUTED[key]
+
+
+def exec_solution_cells(assignment: str) -> dict:
+    """Run only the set-up cell and the solution cells of a solutions/ notebook.
+
+    Returns the namespace holding the solution's functions and classes (fast: no
+    demonstrations, no training).
+    """
+    nb = json.loads((ROOT / "solutions" / assignment / f"{assignment}.ipynb").read_text())
+    namespace: dict = {"__name__": f"solution_{assignment}"}
+    for c in nb["cells"]:
+        meta = c.get("metadata", {}).get("nbgrader", {})
+        if c["cell_type"] != "code":
+            continue
+        if meta.get("solution") or (meta.get("locked") and not meta.get("grade")):
+            exec(compile("".join(c["source"]), f"<{assignment}:{meta.get('grade_id')}>", "exec"), namespace)
+    return namespace

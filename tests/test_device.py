@@ -1,0 +1,46 @@
+"""Device choice, seeding and the grading-mode switch."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.device import get_device, grading_mode, seed_everything
+
+
+def test_device_order(monkeypatch):
+    monkeypatch.delenv("WORKBOOK_DEVICE", raising=False)
+    expected = "cuda" if torch.cuda.is_available() else (
+        "mps" if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else "cpu")
+    assert get_device().type == expected
+
+
+def test_device_override(monkeypatch):
+    monkeypatch.setenv("WORKBOOK_DEVICE", "cpu")
+    assert get_device() == torch.device("cpu")
+    assert get_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_unavailable_device_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="CUDA was requested but is not available"):
+        get_device("cuda")
+
+
+def test_seed_everything_is_reproducible():
+    def draw():
+        g = seed_everything(123)
+        return (random.random(), np.random.rand(), torch.rand(2).tolist(), torch.rand(1, generator=g).item())
+
+    assert draw() == draw()
+    assert seed_everything(1).initial_seed() == 1
+
+
+def test_grading_mode(monkeypatch):
+    monkeypatch.delenv("WORKBOOK_GRADING", raising=False)
+    assert not grading_mode()
+    monkeypatch.setenv("WORKBOOK_GRADING", "1")
+    assert grading_mode()
+    monkeypatch.setenv("WORKBOOK_GRADING", "0")
+    assert not grading_mode()

@@ -1,0 +1,198 @@
+"""The check framework: every spec accepts the course's solutions, catches each of its
+catalogued mistakes with the right hint, refuses the reference, reports stubs once,
+never writes to stderr, and speaks nbgrader's partial-credit language."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+from nbformat.v4 import new_code_cell, new_output
+from nbgrader.utils import determine_grade
+
+from course_lib.grading import all_specs, check, get_spec, grade, working_or_reference
+from course_lib.grading.compare import describe_difference
+from conftest import ROOT
+from nbtools import exec_solution_cells
+
+SPECS = all_specs()
+
+
+def _solution_assignments() -> list[str]:
+    return sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
+
+
+def _solution_items():
+    for assignment in _solution_assignments():
+        nb = json.loads((ROOT / "solutions" / assignment / f"{assignment}.ipynb").read_text())
+        for c in nb["cells"]:
+            meta = c.get("metadata", {}).get("nbgrader", {})
+            if meta.get("solution") and c["cell_type"] == "code":
+                yield assignment, meta["grade_id"]
+
+
+SOLUTION_ITEMS = list(_solution_items())
+
+
+@pytest.fixture(scope="module")
+def namespaces():
+    return {a: exec_solution_cells(a) for a in _solution_assignments()}
+
+
+@pytest.mark.parametrize("assignment,item", SOLUTION_ITEMS)
+def test_solution_earns_full_points(namespaces, assignment, item):
+    spec = get_spec(item)
+    result = grade(spec, namespaces[assignment][item], hidden=True)
+    failures = [f"{r.title}: {r.message}" for r in result.results if not r.passed]
+    assert not result.reference_used, result.reference_used
+    assert result.earned == spec.points, failures
+
+
+MISTAKES = [(name, m) for name, spec in SPECS.items() for m in spec.mistakes]
+
+
+@pytest.mark.parametrize("item,mistake", MISTAKES, ids=[f"{n}-{m.name}" for n, m in MISTAKES])
+def test_mistake_loses_points_and_is_named(item, mistake):
+    spec = get_spec(item)
+    result = grade(spec, mistake.impl, hidden=True)
+    assert not result.reference_used, f"mistake variant trips the reference watch: {result.reference_used}"
+    assert result.earned < spec.points, f"{mistake.name} earned full points"
+    messages = "\n".join(r.message for r in result.results)
+    assert mistake.hint in messages, f"hint for '{mistake.name}' not shown; messages were:\n{messages}"
+
+
+def _wrap(reference):
+    if isinstance(reference, type):
+        class Wrapper(torch.nn.Module):
+            def __init__(self, *args, **kwargs):
+                super().__init__()
+                self.inner = reference(*args, **kwargs)
+
+            def forward(self, *args, **kwargs):
+                return self.inner(*args, **kwargs)
+
+        return Wrapper
+
+    def wrapper(*args, **kwargs):
+        return reference(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("item", sorted(SPECS))
+def test_reference_and_wrappers_of_it_earn_nothing(item):
+    spec = get_spec(item)
+    for impl in (spec.reference, _wrap(spec.reference)):
+        result = grade(spec, impl, hidden=True)
+        assert result.earned == 0 and result.score == 0
+        assert "reference" in result.reference_used
+
+
+def test_stub_is_reported_once_and_scores_zero(capsys):
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        raise NotImplementedError()
+
+    score = check("scaled_dot_product_attention", scaled_dot_product_attention, hidden=True)
+    out = capsys.readouterr().out
+    assert score == 0.0
+    assert out.count("still contains the stub") == 1
+    assert "(not run)" in out
+
+
+def test_student_exception_names_the_line(capsys):
+    def causal_mask(T, device=None):
+        m = torch.ones(T, T).trill()  # typo
+        return m
+
+    check("causal_mask", causal_mask)
+    out = capsys.readouterr().out
+    assert "AttributeError" in out and "torch.ones(T, T).trill()" in out
+
+
+def test_checks_never_write_to_stderr(capfd):
+    def causal_mask(T, device=None):
+        warnings.warn("a harmless warning from student code", UserWarning)
+        print("noise", file=sys.stderr)
+        os.write(2, b"C-level noise\n")
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+    score = check("causal_mask", causal_mask, hidden=True)
+    out, err = capfd.readouterr()
+    assert err == ""
+    assert score == 2.0
+    assert "a harmless warning from student code" in out  # reported as a note instead
+
+
+def test_visible_score_is_scaled_to_the_item_points():
+    spec = get_spec("scaled_dot_product_attention")
+
+    def no_mask_support(q, k, v, mask=None):  # right without a mask, wrong with one
+        w = torch.softmax(q @ k.transpose(-2, -1) / q.size(-1) ** 0.5, dim=-1)
+        return w @ v, w
+
+    visible = grade(spec, no_mask_support, hidden=False)
+    assert [r.passed for r in visible.results] == [True, False]
+    assert visible.score == pytest.approx(spec.points / 2)
+    graded = grade(spec, no_mask_support, hidden=True)
+    assert graded.score == graded.earned < spec.points
+
+
+def test_score_is_read_by_nbgrader_as_partial_credit():
+    def causal_mask(T, device=None):
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
+
+    def padding_mask(lengths, T):  # hard-codes T = 4: right on the visible case only
+        return (torch.arange(4)[None, :] < lengths[:, None])[:, None, :]
+
+    for item, impl, expected in (("causal_mask", causal_mask, 0.0), ("padding_mask", padding_mask, 1.0)):
+        score = grade(get_spec(item), impl, hidden=True).score
+        assert score == expected
+        cell = new_code_cell("check(...)", metadata={"nbgrader": {"grade": True, "solution": False,
+                                                                   "points": get_spec(item).points,
+                                                                   "grade_id": f"test_{item}"}})
+        cell.outputs = [new_output("stream", name="stdout", text="report\n"),
+                        new_output("execute_result", data={"text/plain": repr(check(item, impl, hidden=True))},
+                                   execution_count=1)]
+        assert determine_grade(cell) == (expected, get_spec(item).points)
+
+
+def test_unknown_item_lists_known_names():
+    with pytest.raises(KeyError, match="causal_mask"):
+        get_spec("causal_mask_v2")
+
+
+def test_working_or_reference(capsys):
+    from course_lib.attention import causal_mask as reference
+
+    def good(T, device=None):
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+    def bad(T, device=None):
+        return torch.ones(T, T, dtype=torch.bool, device=device).triu()
+
+    assert working_or_reference("causal_mask", good) is good
+    assert capsys.readouterr().out == ""
+    assert working_or_reference("causal_mask", bad) is reference
+    assert "uses course_lib's reference" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("expected,got,fragment", [
+    (torch.zeros(2, 3), torch.zeros(3, 2), "has shape (3, 2), expected (2, 3)"),
+    (torch.zeros(2, dtype=torch.float64), torch.zeros(2), "dtype float32, expected float64"),
+    (torch.zeros(2, dtype=torch.bool), torch.zeros(2), "Masks are boolean"),
+    (torch.zeros(2, 2), torch.tensor([[0.0, 0.0], [0.5, float("nan")]]), "first at index (1, 0): expected 0, got 0.5"),
+    ((torch.zeros(1), torch.zeros(1)), torch.zeros(1), "should be a tuple of 2"),
+    ((torch.zeros(1), torch.zeros(1)), None, "did you forget `return`"),
+    (3, torch.tensor(3), "should be a Python int"),
+])
+def test_difference_messages(expected, got, fragment):
+    assert fragment in describe_difference(expected, got)
+
+
+def test_matching_outputs_have_no_message():
+    x = torch.randn(3, 4)
+    assert describe_difference((x, 1), (x.clone() + 1e-7, 1)) is None

@@ -1,0 +1,79 @@
+"""notebooks/ is generated from solutions/, carries no outputs or solutions, and every
+graded cell agrees with its check spec."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autograder.release import assignments, out_of_date
+from course_lib.grading import all_specs
+from conftest import ROOT
+
+ASSIGNMENTS = assignments()
+
+
+def _cells(folder: str, assignment: str) -> list[dict]:
+    return json.loads((ROOT / folder / assignment / f"{assignment}.ipynb").read_text())["cells"]
+
+
+def _meta(c: dict) -> dict:
+    return c.get("metadata", {}).get("nbgrader", {})
+
+
+def test_there_are_assignments():
+    assert "03_self_attention" in ASSIGNMENTS
+
+
+@pytest.mark.slow
+def test_notebooks_are_in_sync_with_solutions():
+    problems = out_of_date()
+    assert not problems, "notebooks/ is out of date (run `make release`):\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_student_notebook_has_no_outputs_or_solutions(assignment):
+    text = (ROOT / "notebooks" / assignment / f"{assignment}.ipynb").read_text()
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "hidden=True"):
+        assert marker not in text, f"{marker!r} leaked into notebooks/{assignment}"
+    for c in _cells("notebooks", assignment):
+        assert not c.get("outputs"), f"saved outputs in notebooks/{assignment}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_graded_cells_agree_with_specs(assignment):
+    specs = all_specs()
+    cells = _cells("solutions", assignment)
+    ids = [_meta(c).get("grade_id") for c in cells if _meta(c)]
+    assert len(ids) == len(set(ids)), "duplicate grade_id"
+    for i, c in enumerate(cells):
+        meta = _meta(c)
+        if c["cell_type"] == "code" and meta.get("solution"):
+            item = meta["grade_id"]
+            assert item in specs, f"solution cell {item!r} has no check spec"
+            nxt = cells[i + 1]
+            assert _meta(nxt).get("grade_id") == f"test_{item}", f"{item} is not followed by test_{item}"
+            assert _meta(nxt).get("locked") and _meta(nxt).get("grade")
+            assert float(_meta(nxt)["points"]) == specs[item].points
+            src = "".join(nxt["source"])
+            assert f'check("{item}", {item})' in src and f'check("{item}", {item}, hidden=True)' in src
+            assert src.index("### BEGIN HIDDEN TESTS") > src.index(f'check("{item}", {item})')
+        if c["cell_type"] == "markdown" and meta.get("grade"):
+            assert meta.get("solution") and meta.get("points", 0) > 0  # manually graded answer
+
+
+CONTRACT_03 = {"scaled_dot_product_attention": "(q, k, v, mask=None)", "causal_mask": "(T, device=None)",
+               "padding_mask": "(lengths, T)", "SelfAttention": "(d_model, d_k, d_v)"}
+
+
+def test_notebook_03_keeps_the_curriculum_contract():
+    sources = {_meta(c)["grade_id"]: "".join(c["source"]) for c in _cells("notebooks", "03_self_attention")
+               if _meta(c).get("solution") and c["cell_type"] == "code"}
+    assert set(sources) == set(CONTRACT_03)
+    for name, signature in CONTRACT_03.items():
+        if name == "SelfAttention":
+            assert "def __init__(self, d_model, d_k, d_v)" in sources[name]
+        else:
+            assert f"def {name}{signature}" in sources[name]
+        assert "raise NotImplementedError()" in sources[name]
