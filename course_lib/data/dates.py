@@ -22,13 +22,16 @@ from .vocab import Seq2SeqBatch, Vocab, make_seq2seq_batch
 
 __all__ = [
     "MONTHS", "WEEKDAYS", "DateFormat", "FORMATS", "render_date", "parse_date", "ordinal",
-    "DatesTask", "SPLITS",
+    "field_spans", "attention_on_fields", "DatesTask", "SPLITS", "ISO_FIELDS",
 ]
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
           "September", "October", "November", "December")
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 SPLITS = ("train", "val", "test")
+#: Output positions in "YYYY-MM-DD" that copy a field of the input (the century digits
+#: of a two-digit year are inferred, not copied, so the year uses its last two digits).
+ISO_FIELDS = {"year": (2, 3), "month": (5, 6), "day": (8, 9)}
 
 
 def ordinal(n: int) -> str:
@@ -147,6 +150,56 @@ def parse_date(text: str) -> dt.date:
     if weekday is not None and date.weekday() != weekday:
         raise ValueError(f"{text!r}: {WEEKDAYS[weekday]} does not match {date.isoformat()}")
     return date
+
+
+def field_spans(text: str) -> dict[str, tuple[int, int]]:
+    """Character spans ``[start, end)`` of the day, month and year in a written date.
+
+    ``field_spans("the 21st of November 2026")`` is
+    ``{"day": (4, 6), "month": (12, 20), "year": (21, 25)}``; an ordinal suffix is not part
+    of the day and an apostrophe not part of the year. Raises ``ValueError`` when the text
+    is not a date :func:`parse_date` can read.
+    """
+    parse_date(text)  # raises ValueError unless the text is a date
+    spans: dict[str, tuple[int, int]] = {}
+    numbers = []
+    for m in re.finditer(r"[A-Za-z]+|'?\d+", text):
+        w = m.group()
+        if w.lower() in _MONTH_WORDS and "month" not in spans:
+            spans["month"] = (m.start(), m.end())
+        elif w.lstrip("'").isdigit():
+            start = m.start() + (1 if w.startswith("'") else 0)
+            numbers.append((w, start, m.end()))
+    if "month" in spans:
+        (a, sa, ea), (b, sb, eb) = numbers
+        if a.startswith("'") or len(a) > 2:
+            spans["year"], spans["day"] = (sa, ea), (sb, eb)
+        else:
+            spans["day"], spans["year"] = (sa, ea), (sb, eb)
+    elif len(numbers[0][0]) == 4:
+        spans["year"], spans["month"], spans["day"] = [(s, e) for _, s, e in numbers]
+    else:
+        spans["day"], spans["month"], spans["year"] = [(s, e) for _, s, e in numbers]
+    return spans
+
+
+def attention_on_fields(weights: torch.Tensor, src_texts: Sequence[str]) -> dict[str, float]:
+    """How much attention the output digits of each field put on that field in the input.
+
+    ``weights (B, 10, T_in)`` are a model's alignments for ISO targets (rows sum to 1),
+    ``src_texts`` the B written dates. For each field (day, month, year) the result is
+    the mean, over the examples and the field's output positions (:data:`ISO_FIELDS`), of
+    the total weight on the field's input characters (:func:`field_spans`).
+    """
+    if weights.dim() != 3 or weights.shape[0] != len(src_texts) or weights.shape[1] != 10:
+        raise ValueError(f"expected weights (B={len(src_texts)}, 10, T_in), got {tuple(weights.shape)}")
+    totals = {name: 0.0 for name in ISO_FIELDS}
+    for b, text in enumerate(src_texts):
+        spans = field_spans(text)
+        for name, positions in ISO_FIELDS.items():
+            start, end = spans[name]
+            totals[name] += float(weights[b, list(positions), start:end].sum(dim=-1).mean())
+    return {name: total / len(src_texts) for name, total in totals.items()}
 
 
 # ---------------------------------------------------------------------------
