@@ -112,6 +112,7 @@ EXPECTED_02 = {
 @pytest.fixture(scope="module")
 def course():
     c = Course([NB01, NB02])
+    (c.root / "grading").mkdir(exist_ok=True)  # where nbgrader_config.py puts the gradebook
     yield c
     c.close()
 
