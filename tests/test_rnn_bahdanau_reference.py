@@ -13,7 +13,7 @@ from conftest import devices
 from course_lib import bahdanau, rnn
 from course_lib.data.copy import CopyTask
 from course_lib.data.vocab import Vocab, make_seq2seq_batch, pad_sequences
-from course_lib.seq2seq import accuracy_by_length, evaluate, score_predictions, sequence_loss
+from course_lib.seq2seq import accuracy_by_length, score_predictions
 from course_lib.training import TrainHistory, train
 
 
