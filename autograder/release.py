@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-__all__ = ["ROOT", "assignments", "generate", "release", "out_of_date"]
+__all__ = ["ROOT", "assignments", "ensure_tools_on_path", "generate", "release", "out_of_date"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "solutions"
@@ -45,10 +46,19 @@ def _nbgrader_config(course: Path) -> Config:
     return config
 
 
+def ensure_tools_on_path() -> None:
+    """Put this interpreter's scripts folder on PATH: nbgrader runs ``alembic`` and
+    ``jupyter`` as commands, which are missing when the virtualenv is not activated."""
+    scripts = str(Path(sys.executable).parent)
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+
+
 def generate(assignment: str, dest: Path, root: Path = ROOT) -> Path:
     """Generate the student version of ``assignment`` into ``dest/<assignment>/``."""
     from nbgrader.apps import NbGraderAPI
 
+    ensure_tools_on_path()
     source = root / SOURCE / assignment
     if not source.is_dir():
         known = ", ".join(assignments(root))

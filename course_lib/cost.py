@@ -24,6 +24,7 @@ def attention_cost(
     repeats: int = 3,
     device: torch.device | str = "cpu",
     attend: Callable = scaled_dot_product_attention,
+    threads: int | None = 1,
 ) -> dict[str, list]:
     """Time one attention pass and the size of its weights, per sequence length.
 
@@ -32,9 +33,21 @@ def attention_cost(
 
     Inputs are ``(1, heads, T, d_k)``. Returns ``{"T": [...], "seconds": [...],
     "weight_bytes": [...]}``; ``weight_bytes`` is the size of the ``(1, heads, T, T)``
-    weight tensor actually returned.
+    weight tensor actually returned. On the CPU the timing uses ``threads`` threads
+    (default 1: single-thread timings are far less disturbed by other work on the
+    machine); ``None`` keeps PyTorch's setting.
     """
     device = torch.device(device)
+    saved_threads = torch.get_num_threads()
+    if threads is not None and device.type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        return _measure(lengths, d_k, heads, repeats, device, attend)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _measure(lengths, d_k, heads, repeats, device, attend) -> dict[str, list]:
     result: dict[str, list] = {"T": [], "seconds": [], "weight_bytes": []}
     g = torch.Generator().manual_seed(0)
     for T in lengths:
