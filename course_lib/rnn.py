@@ -18,6 +18,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from .device import torch_threads
+
 __all__ = [
     "rnn_step", "rnn_forward", "jacobian_norms", "random_rnn_weights", "spectral_radius",
     "time_recurrence", "FixedContextSeq2Seq",
@@ -111,13 +113,8 @@ def time_recurrence(lengths: Sequence[int], batch_size: int = 1, hidden_size: in
     current setting), so that the comparison measures the dependency between steps,
     not the number of cores. Returns ``{"length": [...], "sequential": [...], "parallel": [...]}``.
     """
-    previous = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+    with torch_threads(num_threads):
         return _time_recurrence(lengths, batch_size, hidden_size, repeats, seed)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _time_recurrence(lengths: Sequence[int], batch_size: int, hidden_size: int, repeats: int,

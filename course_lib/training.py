@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .device import torch_threads
+
 __all__ = ["TrainHistory", "train"]
 
 
@@ -88,14 +90,9 @@ def train(model: nn.Module, next_batch: Callable[[int], Any], loss_fn: Callable[
         raise ValueError(f"steps must be >= 0, got {steps}")
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+    with torch_threads(num_threads):
         return _train(model, next_batch, loss_fn, steps, lr, optimizer, schedule, clip_grad_norm, eval_fn,
                       eval_every, progress, desc)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _train(model, next_batch, loss_fn, steps, lr, optimizer, schedule, clip_grad_norm, eval_fn, eval_every,

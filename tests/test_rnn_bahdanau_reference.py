@@ -207,3 +207,17 @@ def test_training_loop_restores_the_thread_setting():
     assert seen == [1, 1] and torch.get_num_threads() == before
     with pytest.raises(ValueError, match="num_threads"):
         train(model, lambda step: None, loss_fn, steps=1, num_threads=0)
+
+
+def test_torch_threads_is_scoped():
+    from course_lib.device import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError):
+        with torch_threads(0):
+            pass
