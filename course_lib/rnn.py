@@ -22,7 +22,7 @@ from .device import torch_threads
 
 __all__ = [
     "rnn_step", "rnn_forward", "jacobian_norms", "random_rnn_weights", "spectral_radius",
-    "time_recurrence", "FixedContextSeq2Seq",
+    "time_recurrence", "FixedContextSeq2Seq", "ContextReadout",
 ]
 
 
@@ -200,3 +200,42 @@ class FixedContextSeq2Seq(nn.Module):
             y = logits.argmax(dim=-1)
             tokens.append(y)
         return torch.cat(tokens, dim=1)
+
+
+class ContextReadout(nn.Module):
+    """What does ``c = h_n`` remember? Read each input position straight out of it.
+
+    A vanilla tanh RNN encoder reads the input (all sequences of one length ``T``); the
+    token at position ``t`` is then predicted from ``[c; p_t]`` alone by a small MLP
+    (``p_t`` a learned position embedding). There is no decoder recurrence and nothing
+    is fed back, so the accuracy at position ``t`` measures only how well ``c`` stores
+    input ``t``.
+
+    - ``forward(src (B, T)) -> logits (B, T, V)`` with ``T <= max_len``
+    - ``loss(src)``: cross-entropy of reading ``src`` back out of its own context
+    """
+
+    def __init__(self, vocab_size: int, max_len: int, emb_dim: int = 32, hidden_size: int = 128) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, emb_dim)
+        self.encoder = nn.RNN(emb_dim, hidden_size, batch_first=True)
+        self.position = nn.Embedding(max_len, emb_dim)
+        self.readout = nn.Sequential(nn.Linear(hidden_size + emb_dim, 128), nn.ReLU(), nn.Linear(128, vocab_size))
+
+    def forward(self, src: Tensor) -> Tensor:
+        B, T = src.shape
+        if T > self.position.num_embeddings:
+            raise ValueError(f"sequences of length {T} exceed max_len={self.position.num_embeddings}")
+        _, h_n = self.encoder(self.embedding(src))
+        c = h_n[0].unsqueeze(1).expand(B, T, -1)
+        p = self.position.weight[:T].unsqueeze(0).expand(B, T, -1)
+        return self.readout(torch.cat([c, p], dim=-1))
+
+    def loss(self, src: Tensor) -> Tensor:
+        logits = self(src)
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), src.reshape(-1))
+
+    @torch.no_grad()
+    def per_position_accuracy(self, src: Tensor) -> Tensor:
+        """``(T,)`` fraction of sequences whose token at each position is read back right."""
+        return (self(src).argmax(dim=-1) == src).float().mean(dim=0)

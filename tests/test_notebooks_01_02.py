@@ -36,9 +36,13 @@ def test_notebook_01_shows_the_limits_of_recurrence():
     for L, first, last in re.findall(r"length (\d+): first 4 output positions ([\d.]+)%, last 4 output positions ([\d.]+)%",
                                      out):
         assert float(first) > float(last) + 10, (L, first, last)
+    # read straight out of c (no decoder), the start of the input is remembered worst
+    first, last = map(float, re.search(r"context readout: first 4 positions ([\d.]+)%, last 4 positions ([\d.]+)%",
+                                       out).groups())
+    assert last > first + 5 and last > 90, (first, last)
     slower = [float(x) for x in re.findall(r"\(\s*([\d.]+)× slower\)", out)]
     assert len(slower) == 4 and slower[-1] > 5
-    assert _images(nb) >= 4  # loss, accuracy plots, gradient norms, timing
+    assert _images(nb) >= 5  # loss, accuracy plots, context readout, gradient norms, timing
     assert seconds < TIME_BAR, f"notebook 01 took {seconds:.0f} s"
 
 

@@ -221,3 +221,19 @@ def test_torch_threads_is_scoped():
     with pytest.raises(ValueError):
         with torch_threads(0):
             pass
+
+
+def test_context_readout_reads_every_position_from_c_alone():
+    from course_lib.rnn import ContextReadout
+
+    torch.manual_seed(0)
+    model = ContextReadout(vocab_size=12, max_len=6)
+    src = torch.randint(0, 12, (3, 5))
+    assert model(src).shape == (3, 5, 12)
+    # the logits depend on the input only through c = h_n: same final state, same logits
+    _, h_n = model.encoder(model.embedding(src))
+    assert torch.allclose(model.readout(torch.cat([h_n[0][:, None].expand(3, 5, -1),
+                                                   model.position.weight[:5][None].expand(3, 5, -1)], -1)), model(src))
+    assert model.per_position_accuracy(src).shape == (5,)
+    with pytest.raises(ValueError, match="max_len"):
+        model(torch.randint(0, 12, (1, 7)))
