@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .vocab import EOS, PAD, SOS, UNK, Vocab, pad_sequences
 
-__all__ = ["NOUNS", "ADJECTIVES", "VERBS", "sample_sentence", "translate", "TranslationBatch",
+__all__ = ["NOUNS", "ADJECTIVES", "VERBS", "sample_sentence", "translate", "verb_position", "TranslationBatch",
            "ToyTranslation", "make_translation_data"]
 
 # source lemma -> (target singular, target plural); source plural adds "s"
@@ -90,6 +90,15 @@ def translate(parse: dict) -> tuple[list[str], list[str]]:
     src = _source_np(parse["subj"]) + [parse["verb"][n]] + _source_np(parse["obj"])
     tgt = _target_np(parse["subj"]) + _target_np(parse["obj"]) + [OBJECT_PARTICLE, VERBS[parse["verb"]][n]]
     return src, tgt
+
+
+def verb_position(source: Sequence[str]) -> int:
+    """Index of the verb in a source sentence (the first token that is a verb form)."""
+    forms = {form for pair in VERBS for form in pair}
+    for i, token in enumerate(source):
+        if token in forms:
+            return i
+    raise ValueError(f"no verb in {' '.join(source)!r}")
 
 
 def _all_words() -> list[str]:
