@@ -414,7 +414,8 @@ def _padding_no_leak(case: Case, lengths: list[int], call: Callable, key: str = 
         changed = case.make(trial.device)
         T = changed[key].size(1)
         pad = ~_padding(lengths, T, trial.device)[:, 0, :, None]
-        changed[key] = torch.where(pad, changed[key] + 50.0, changed[key])
+        noise = 5.0 * randn(changed[key].shape, 998, changed[key].dtype, trial.device)
+        changed[key] = torch.where(pad, noise, changed[key])  # other vectors at the padded positions
         after = trial.student(changed, case.label)
         keep = (torch.arange(before.size(1), device=trial.device)[None, :]
                 < torch.tensor(lengths, device=trial.device)[:, None]) if key == "x" else None
@@ -574,8 +575,9 @@ def _dec_causal(case: Case) -> Callable:
         inputs = case.make(trial.device)
         before = trial.student(inputs, case.label)
         changed = case.make(trial.device)
-        changed["x"] = changed["x"].clone()
-        changed["x"][:, -2:] += 10.0
+        x = changed["x"].clone()
+        x[:, -2:] = 3.0 * randn(x[:, -2:].shape, 999, x.dtype, x.device)  # new tokens, not a constant shift
+        changed["x"] = x
         after = trial.student(changed, case.label)
         if describe_difference(before[:, :-2].detach(), after[:, :-2].detach()) is not None:
             raise CheckFailed(f"On {case.label}: changing the last two target positions changed the outputs at "
@@ -886,7 +888,7 @@ def _greedy_case(kind: str, lengths: list[int], S: int, max_len: int, seed: int)
         model = ScriptedModel() if kind == "scripted" else _transformer_model(seed)
         return {"model": model.to(device), "src": src, "src_mask": mask, "bos_id": 1, "eos_id": 2, "max_len": max_len}
 
-    what = ("a scripted model (sentence b ends after as many tokens as its source has)" if kind == "scripted"
+    what = ("a scripted model (sentence b predicts <eos> after as many tokens as its source has)" if kind == "scripted"
             else "a small random Transformer")
     return Case(f"{what}, src ({len(lengths)}, {S}) with lengths {lengths}, bos_id=1, eos_id=2, max_len={max_len}",
                 make)
