@@ -191,3 +191,31 @@ def test_decoder_mistake_messages_are_specific():
     assert "keys and values from the encoder output" in text
     assert "does not depend on `memory`" in text
     assert result.earned == 2  # the submodules are right, and it is causal
+
+
+CONTRACT_06 = {
+    "LayerNorm": "def __init__(self, d_model, eps=1e-5)",
+    "PositionwiseFeedForward": "def __init__(self, d_model, d_ff, dropout=0.0)",
+    "EncoderLayer": "def __init__(self, d_model, num_heads, d_ff, dropout=0.0, norm_first=False)",
+    "DecoderLayer": "def __init__(self, d_model, num_heads, d_ff, dropout=0.0, norm_first=False)",
+    "noam_lr": "def noam_lr(step, d_model, warmup)",
+    "label_smoothed_cross_entropy": "def label_smoothed_cross_entropy(logits, target, epsilon, ignore_index=-100)",
+    "greedy_decode": "def greedy_decode(model, src, src_mask, bos_id, eos_id, max_len)",
+    "bleu": "def bleu(candidates, references, max_n=4)",
+}
+
+
+def test_notebook_06_keeps_the_curriculum_contract():
+    import json
+
+    from conftest import ROOT
+
+    nb = json.loads((ROOT / "notebooks" / "06_transformer" / "06_transformer.ipynb").read_text())
+    sources = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in nb["cells"]
+               if c["metadata"].get("nbgrader", {}).get("solution") and c["cell_type"] == "code"}
+    assert set(sources) == set(CONTRACT_06)
+    for name, signature in CONTRACT_06.items():
+        assert signature in sources[name], name
+        assert "raise NotImplementedError()" in sources[name]
+    assert "def forward(self, x, memory, tgt_mask=None, memory_mask=None)" in sources["DecoderLayer"]
+    assert "def forward(self, x, mask=None)" in sources["EncoderLayer"]
