@@ -190,7 +190,8 @@ def test_decoder_mistake_messages_are_specific():
     text = messages(result)
     assert "keys and values from the encoder output" in text
     assert "does not depend on `memory`" in text
-    assert result.earned == 2  # the submodules are right, and it is causal
+    assert "the decoder sees the future" in text  # unmasked attention over the decoder's own states
+    assert result.earned == 1  # only the submodules are right
 
 
 CONTRACT_06 = {
