@@ -8,10 +8,14 @@ Modules, one idea each:
 - ``course_lib.bahdanau``   attention scores, masked softmax, context vector, Bahdanau attention, GRU seq2seq
 - ``course_lib.seq2seq``    loss and greedy evaluation of the RNN encoder-decoders
 - ``course_lib.training``   a small generic training loop with progress bar and loss history
-- ``course_lib.data``       offline data sets (dates, copy task) and vocabularies
+- ``course_lib.data``       offline data sets (dates, copy task, toy translation) and vocabularies
 - ``course_lib.attention``  scaled dot-product attention, masks, single-head self-attention
 - ``course_lib.multihead``  multi-head attention, head split/merge, head ablation, diversity penalty
 - ``course_lib.positional`` sinusoidal, learned, relative (Shaw et al.) and rotary positions
+- ``course_lib.transformer`` LayerNorm, FFN, encoder/decoder layers (post-/pre-LN), stacks, the full model
+- ``course_lib.optim``      the warm-up (Noam) schedule and label-smoothed cross-entropy
+- ``course_lib.decoding``   teacher forcing, greedy decoding, beam search with a length penalty
+- ``course_lib.bleu``       corpus BLEU (Papineni et al.)
 - ``course_lib.synthetic_tasks`` small generated sequence tasks (offset digits, sortedness)
 - ``course_lib.tiny_models`` a small configurable attention model and its training loop
 - ``course_lib.plotting``   heatmaps and curves used by the notebooks

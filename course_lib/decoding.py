@@ -1,0 +1,139 @@
+"""Training and decoding an encoder–decoder model.
+
+The model interface (course_lib's :class:`~course_lib.transformer.Transformer`, or any
+model with the same two methods):
+
+- ``model.encode(src (B, S), src_mask (B, 1, S)) -> memory (B, S, D)``;
+- ``model.decode(tgt (B, T), memory, src_mask) -> logits (B, T, V)``, causal inside.
+
+**Teacher forcing**: during training the decoder reads the *true* previous tokens
+(``<sos>`` + target) and predicts the next ones (target + ``<eos>``) at all positions
+at once. At inference there is no true prefix: the decoder feeds on its own outputs,
+one token at a time (greedy decoding or beam search).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from .optim import label_smoothed_cross_entropy
+
+__all__ = ["teacher_forcing_loss", "greedy_decode", "beam_search", "length_penalty", "capture_attention"]
+
+
+def teacher_forcing_loss(model: nn.Module, src: Tensor, src_mask: Tensor | None, tgt_in: Tensor,
+                         tgt_out: Tensor, epsilon: float = 0.0, pad_id: int = 0) -> Tensor:
+    """Label-smoothed cross-entropy of ``model(src, tgt_in)`` against ``tgt_out``
+    (``(B, T)`` each), ignoring padded target positions."""
+    logits = model.decode(tgt_in, model.encode(src, src_mask), src_mask)
+    return label_smoothed_cross_entropy(logits, tgt_out, epsilon, ignore_index=pad_id)
+
+
+def greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor | None, bos_id: int, eos_id: int,
+                  max_len: int) -> Tensor:
+    """Decode by always taking the most probable next token.
+
+    Returns ``LongTensor (B, L)`` with ``L ≤ max_len``: column 0 is ``bos_id``, then the
+    chosen tokens. A sequence that has produced ``eos_id`` is finished; its later
+    positions are filled with ``eos_id``. Decoding stops when every sequence is
+    finished or the length reaches ``max_len``.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be at least 1 (the <bos> column), got {max_len}")
+    with torch.no_grad():
+        return _greedy(model, src, src_mask, bos_id, eos_id, max_len)
+
+
+def _greedy(model: nn.Module, src: Tensor, src_mask: Tensor | None, bos_id: int, eos_id: int,
+            max_len: int) -> Tensor:
+    memory = model.encode(src, src_mask)
+    B = src.size(0)
+    ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    while ys.size(1) < max_len and not bool(done.all()):
+        logits = model.decode(ys, memory, src_mask)[:, -1]  # (B, V)
+        nxt = logits.argmax(dim=-1)
+        nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+        ys = torch.cat([ys, nxt[:, None]], dim=1)
+        done = done | (nxt == eos_id)
+    return ys
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """The GNMT length penalty ``((5 + |Y|) / 6)^α`` (Wu et al., 2016); scores are
+    divided by it, so ``α > 0`` favours longer hypotheses and ``α = 0`` turns it off."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, bos_id: int, eos_id: int,
+                max_len: int, beam_size: int = 4, alpha: float = 0.6) -> list[list[int]]:
+    """Beam search, one source sentence at a time.
+
+    Keeps the ``beam_size`` best partial translations by summed log-probability; a
+    hypothesis that emits ``eos_id`` is finished and scored by
+    ``log p(Y) / length_penalty(|Y|, alpha)`` (``|Y|`` counts the tokens after ``<bos>``,
+    ``<eos>`` included). Returns, for each sentence, the best finished hypothesis as a
+    list of ids starting with ``bos_id`` (ending with ``eos_id`` unless ``max_len`` cut it).
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    with torch.no_grad():
+        return [_beam_one(model, src[b:b + 1], None if src_mask is None else src_mask[b:b + 1],
+                          bos_id, eos_id, max_len, beam_size, alpha) for b in range(src.size(0))]
+
+
+def _beam_one(model: nn.Module, s: Tensor, m: Tensor | None, bos_id: int, eos_id: int, max_len: int,
+              beam_size: int, alpha: float) -> list[int]:
+    """Beam search for one sentence ``s (1, S)``."""
+    memory = model.encode(s, m)
+    beams = [([bos_id], 0.0)]
+    finished: list[tuple[list[int], float]] = []
+    while beams and len(beams[0][0]) < max_len:
+        ys = torch.tensor([seq for seq, _ in beams], dtype=torch.long, device=s.device)
+        logp = torch.log_softmax(model.decode(ys, memory.expand(len(beams), -1, -1),
+                                              None if m is None else m.expand(len(beams), -1, -1))[:, -1], -1)
+        total = torch.tensor([score for _, score in beams], device=s.device, dtype=logp.dtype)[:, None] + logp
+        top = total.flatten().topk(min(beam_size, total.numel()))
+        candidates = []
+        V = logp.size(-1)
+        for score, index in zip(top.values.tolist(), top.indices.tolist()):
+            seq = beams[index // V][0] + [index % V]
+            if index % V == eos_id:
+                finished.append((seq, score / length_penalty(len(seq) - 1, alpha)))
+            else:
+                candidates.append((seq, score))
+        beams = candidates
+        if finished and beams:
+            best_done = max(f for _, f in finished)
+            # an open beam can only lose probability; stop when none can win any more
+            if all(score / length_penalty(max_len - 1, alpha) < best_done for _, score in beams):
+                break
+    if not finished:
+        finished = [(seq, score / length_penalty(len(seq) - 1, alpha)) for seq, score in beams]
+    return max(finished, key=lambda f: f[1])[0]
+
+
+@contextlib.contextmanager
+def capture_attention(modules: list[nn.Module]) -> Iterator[list[Tensor]]:
+    """Collect the attention weights (second output) of each module in ``modules``
+    while inside the ``with`` block, e.g. the ``cross_attn`` of every decoder layer::
+
+        with capture_attention([l.cross_attn for l in model.decoder.layers]) as weights:
+            model(src, tgt, src_mask)
+        weights[-1]  # (B, H, T, S) of the last layer
+    """
+    captured: list[Tensor] = []
+
+    def hook(module: nn.Module, args: tuple, output: tuple) -> None:
+        captured.append(output[1].detach())
+
+    handles = [m.register_forward_hook(hook) for m in modules]
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
