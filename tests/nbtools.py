@@ -246,3 +246,49 @@ def exec_solution_cells(assignment: str) -> dict:
         if meta.get("solution") or (meta.get("locked") and not meta.get("grade")):
             exec(compile("".join(c["source"]), f"<{assignment}:{meta.get('grade_id')}>", "exec"), namespace)
     return namespace
+
+
+# ---------------------------------------------------------------------------
+# A graded class: the shared shape of the end-to-end nbgrader tests
+# ---------------------------------------------------------------------------
+
+def grade_class(assignment: str, submissions: dict[str, tuple]) -> tuple[Course, dict[str, dict[str, float]]]:
+    """Release ``assignment`` in a fresh course, submit, autograde and write feedback.
+
+    ``submissions[student][0]`` holds the cells that differ from the correct answers
+    (``{grade_id: source}``), or ``None`` for the released notebook left as it is
+    (the stubs). Returns the course (the caller closes it) and the gradebook's scores.
+    """
+    course = Course([assignment])
+    try:
+        correct = solution_sources(assignment)
+        course.generate(assignment)
+        released = course.released(assignment)
+        for student, (cells, *_rest) in submissions.items():
+            nb = released
+            if cells is not None:
+                for gid, source in {**correct, **cells}.items():
+                    nb = replace_solution(nb, gid, source)
+            course.submit(student, assignment, nb)
+        course.autograde(assignment)
+        course.generate_feedback(assignment)
+        return course, course.scores(assignment)
+    except BaseException:
+        course.close()
+        raise
+
+
+def assert_scores(scores: dict, student: str, items: tuple[str, ...], expected: tuple) -> None:
+    """The student's points per test cell are exactly ``expected``, and their sum is the code score."""
+    got = tuple(scores[student][f"test_{item}"] for item in items)
+    assert got == tuple(expected), f"{student}: {dict(zip(items, got))}"
+    assert scores[student]["code"] == sum(expected)
+
+
+def assert_feedback_says(course: Course, assignment: str, student: str, fragments) -> None:
+    """The student's feedback page contains every fragment (a string or a tuple of them)."""
+    import html
+
+    page = html.unescape(course.feedback_html(student, assignment))
+    for fragment in (fragments,) if isinstance(fragments, str) else fragments:
+        assert fragment in page, f"feedback for {student} does not say {fragment!r}"

@@ -170,3 +170,22 @@ def module_invoke(build: Callable[[Any], torch.nn.Module], call: Callable[[torch
         return call(module, inputs)
 
     return invoke
+
+
+def module_gradients_reach(trial: Any, case: Case) -> None:
+    """A module item built from ``case`` inputs ``{"dims", "x", "mask"}`` (float64):
+    backpropagating from its output reaches ``x`` and every parameter."""
+    inputs = case.make(trial.device)
+    x = inputs["x"].requires_grad_(True)
+
+    def run():
+        module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=torch.float64)
+        out = module(x, inputs["mask"])
+        y = out[0] if isinstance(out, tuple) else out
+        y.pow(2).sum().backward()
+        return module
+
+    module = trial.guarded(run, case.label)
+    for name, p in (("x", x), *module.named_parameters()):
+        if p.grad is None or float(p.grad.abs().sum()) == 0.0:
+            raise CheckFailed(f"On {case.label}: `{name}` gets no gradient from the output.")

@@ -11,7 +11,7 @@ from torch import nn
 
 from ... import positional as ref
 from ..compare import describe_difference, fmt_num
-from ..properties import compare_cases, dtype_name, masked_weights_zero, module_invoke, randn
+from ..properties import compare_cases, dtype_name, masked_weights_zero, module_gradients_reach, module_invoke, randn
 from ..runner import unwatched
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
@@ -429,20 +429,7 @@ def _relattn_spec() -> ItemSpec:
     grad_case = _relattn_case(460, 2, 5, 6, 2, f64, True)
 
     def gradients(trial) -> None:
-        inputs = grad_case.make(trial.device)
-        x = inputs["x"].requires_grad_(True)
-
-        def run():
-            module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=f64)
-            out = module(x, inputs["mask"])
-            y = out[0] if isinstance(out, tuple) else out
-            y.pow(2).sum().backward()
-            return module
-
-        module = trial.guarded(run, grad_case.label)
-        for name, p in (("x", x), *module.named_parameters()):
-            if p.grad is None or float(p.grad.abs().sum()) == 0.0:
-                raise CheckFailed(f"On {grad_case.label}: `{name}` gets no gradient from the output.")
+        module_gradients_reach(trial, grad_case)
 
     return ItemSpec(
         name="RelativeSelfAttention",

@@ -12,7 +12,7 @@ from torch import nn
 from ... import attention as ref
 from ..properties import (
     compare_cases, dtype_name, gradients_reach, mask_words, masked_keys_ignored,
-    masked_weights_zero, module_invoke, randn, weights_sum_to_one,
+    masked_weights_zero, module_gradients_reach, module_invoke, randn, weights_sum_to_one,
 )
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
@@ -415,20 +415,7 @@ def _selfattn_spec() -> ItemSpec:
     grad_case = _selfattn_case(140, 2, 5, 8, 4, 6, f64, True)
 
     def gradients(trial) -> None:
-        inputs = grad_case.make(trial.device)
-        x = inputs["x"].requires_grad_(True)
-
-        def run():
-            module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=torch.float64)
-            out = module(x, inputs["mask"])
-            y = out[0] if isinstance(out, tuple) else out
-            y.pow(2).sum().backward()
-            return module
-
-        module = trial.guarded(run, grad_case.label)
-        for name, p in (("x", x), *module.named_parameters()):
-            if p.grad is None or float(p.grad.abs().sum()) == 0.0:
-                raise CheckFailed(f"On {grad_case.label}: `{name}` gets no gradient from the output.")
+        module_gradients_reach(trial, grad_case)
 
     return ItemSpec(
         name="SelfAttention",
