@@ -167,7 +167,7 @@ class TokenTaskFamily:
         self.max_shots = max_shots
         self.vocab = [str(d) for d in range(10)] + ["=", ";", "?"] + [f"<{t}>" for t in self.TASKS]
         self.stoi = {s: i for i, s in enumerate(self.vocab)}
-        self.block_size = 1 + 4 * max_shots + 3
+        self.block_size = 1 + 4 * max_shots + 2  # the longest prompt
 
     @property
     def vocab_size(self) -> int:

@@ -21,12 +21,29 @@ __all__ = ["repeated_random_tokens", "AttentionOnlyTransformer", "per_position_l
 
 
 def repeated_random_tokens(batch_size: int, length: int, vocab_size: int,
-                           generator: torch.Generator | None = None) -> Tensor:
-    """``(B, 2·length)`` token ids: ``length`` uniform random tokens, then the same again."""
+                           generator: torch.Generator | None = None, min_length: int | None = None) -> Tensor:
+    """``(B, 2·length)`` token ids: ``length`` uniform random tokens, then the same again.
+
+    With ``min_length``, each sequence repeats a segment of its own random length
+    ``L ∈ [min_length, length]``, after ``2·(length − L)`` random filler tokens: the
+    repeat then starts at a different position in each sequence, so a model cannot
+    predict it from positions alone and has to find the earlier occurrence by content.
+    """
     if batch_size < 1 or length < 1 or vocab_size < 2:
         raise ValueError(f"need batch_size ≥ 1, length ≥ 1, vocab_size ≥ 2; got {batch_size}, {length}, {vocab_size}")
     first = torch.randint(0, vocab_size, (batch_size, length), generator=generator)
-    return torch.cat([first, first], dim=1)
+    seqs = torch.cat([first, first], dim=1)
+    if min_length is None:
+        return seqs
+    if not 1 <= min_length <= length:
+        raise ValueError(f"min_length must be in 1..{length}, got {min_length}")
+    filler = torch.randint(0, vocab_size, (batch_size, 2 * length), generator=generator)
+    lengths = torch.randint(min_length, length + 1, (batch_size,), generator=generator)
+    pos = torch.arange(2 * length)
+    start = 2 * (length - lengths)[:, None]  # (B, 1): where the first copy starts
+    rel = pos[None, :] - start  # (B, 2·length)
+    segment = first.gather(1, (rel % lengths[:, None]).clamp(0, length - 1))
+    return torch.where(rel >= 0, segment, filler)
 
 
 class AttentionOnlyTransformer(nn.Module):

@@ -799,8 +799,7 @@ def _no_parameter_changes(trial) -> None:
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     if changed:
         raise CheckFailed(
-            f"On {case.label}: the model's parameters changed ({', '.join(changed)}). In-context learning uses no "
-            "gradient updates: evaluate under torch.no_grad() and never call an optimizer."
+            f"On {case.label}: the model's parameters changed ({', '.join(changed)}). {FINE_TUNES}"
         )
     if any(p.grad is not None for p in model.parameters()):
         raise CheckFailed(f"On {case.label}: gradients were computed on the model's parameters: evaluate under torch.no_grad().")
@@ -860,6 +859,9 @@ def accuracy_leaves_eval_mode(model, task_sampler, shots, n_eval, generator=None
     return out
 
 
+FINE_TUNES = ("Your function updates the model's parameters: in-context learning uses no gradient updates; "
+              "evaluate under torch.no_grad() and never call an optimizer.")
+
 FEW_SHOT_MISTAKES = (
     Mistake("first position", accuracy_first_position,
             "The prediction is read at the first position: the query is the last token, use model(prompts)[:, -1]."),
@@ -867,9 +869,7 @@ FEW_SHOT_MISTAKES = (
     Mistake("train mode", accuracy_train_mode,
             "The model is evaluated in train mode, so dropout is still active: call model.eval() first "
             "(and restore the previous mode afterwards)."),
-    Mistake("fine-tunes on the prompts", accuracy_fine_tunes,
-            "Your function updates the model's parameters: in-context learning uses no gradient updates; "
-            "evaluate under torch.no_grad() and never call an optimizer."),
+    Mistake("fine-tunes on the prompts", accuracy_fine_tunes, FINE_TUNES),
     Mistake("leaves the model in eval mode", accuracy_leaves_eval_mode,
             "the model was left in eval mode; restore its train mode afterwards"),
 )
