@@ -205,14 +205,14 @@ class TokenTaskFamily:
         return lambda batch_size, shots, generator=None: self.sample(batch_size, shots, generator, describe)
 
     def training_batch(self, batch_size: int, generator: torch.Generator | None = None,
-                       describe: float = 0.5) -> tuple[Tensor, Tensor]:
+                       describe: float = 0.5, answers_only: bool = False) -> tuple[Tensor, Tensor]:
         """Full prompts with ``max_shots`` demonstrations for next-token training:
-        ``(inputs (B, T), targets (B, T))`` where targets are the answers ``y`` at the
-        positions of ``=`` and ``-100`` (ignored) elsewhere, so every prefix is a
-        ``K``-shot prompt for ``K = 0..max_shots``."""
+        ``(inputs (B, T), targets (B, T))``, the targets being the inputs shifted by one.
+        Every prefix ending in ``=`` is a ``K``-shot prompt for ``K = 0..max_shots``. With
+        ``answers_only`` every target but the answers (after ``=``) is ``-100`` (ignored)."""
         prompts, answers = self.sample(batch_size, self.max_shots, generator, describe)
         seq = torch.cat([prompts, answers[:, None]], 1)
         inputs, targets = seq[:, :-1], seq[:, 1:].clone()
-        is_answer = inputs == self.stoi["="]
-        targets[~is_answer] = -100
+        if answers_only:
+            targets[inputs != self.stoi["="]] = -100
         return inputs, targets

@@ -156,6 +156,8 @@ def test_token_task_family():
         assert int(a) == (int(words[-2]) + 1) % 10
     x, y = fam.training_batch(3, torch.Generator().manual_seed(1))
     assert x.shape == y.shape == (3, fam.block_size)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    x, y = fam.training_batch(3, torch.Generator().manual_seed(1), answers_only=True)
     assert bool(((y != -100) == (x == fam.stoi["="])).all())
 
 
