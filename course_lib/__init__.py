@@ -3,7 +3,12 @@ for the attention and transformers workbook.
 
 Modules, one idea each:
 
-- ``course_lib.device``     device choice and seeding
+- ``course_lib.device``     device choice, seeding and scoped thread counts
+- ``course_lib.rnn``        vanilla RNN step/forward, Jacobian norms, the fixed-context seq2seq model
+- ``course_lib.bahdanau``   attention scores, masked softmax, context vector, Bahdanau attention, GRU seq2seq
+- ``course_lib.seq2seq``    loss and greedy evaluation of the RNN encoder-decoders
+- ``course_lib.training``   a small generic training loop with progress bar and loss history
+- ``course_lib.data``       offline data sets (dates, copy task) and vocabularies
 - ``course_lib.attention``  scaled dot-product attention, masks, single-head self-attention
 - ``course_lib.plotting``   heatmaps and curves used by the notebooks
 - ``course_lib.widgets``    the interactive attention explorer

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from typing import Iterator
 
 import numpy as np
 import torch
 
-__all__ = ["get_device", "seed_everything", "grading_mode"]
+__all__ = ["get_device", "seed_everything", "grading_mode", "torch_threads"]
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -59,3 +61,22 @@ def grading_mode() -> bool:
     graded cells, not a well-trained model.
     """
     return os.environ.get("WORKBOOK_GRADING", "") not in ("", "0", "false", "False")
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` PyTorch CPU threads, then restore the previous number.
+
+    Small models (a few hundred thousand parameters) run a long chain of tiny
+    operations; one thread avoids the cost of coordinating threads, which is large on a
+    busy machine. ``None`` leaves the setting alone.
+    """
+    if n is not None and n < 1:
+        raise ValueError(f"the number of threads must be >= 1, got {n}")
+    previous = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.axes import Axes
+from matplotlib.ticker import MaxNLocator
 
 __all__ = ["attention_heatmap", "mask_image", "cost_curves", "to_numpy",
            "gradient_norms_vs_distance", "per_position_accuracy", "accuracy_vs_length", "alignment_heatmap",
@@ -116,6 +117,7 @@ def per_position_accuracy(curves: dict[str, Sequence[float]], ax: Axes | None = 
     for label, acc in curves.items():
         a = to_numpy(acc)
         ax.plot(np.arange(1, len(a) + 1), a, "o-", ms=4, label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("output position")
     ax.set_ylabel(ylabel)
     ax.set_ylim(-0.02, 1.02)

@@ -18,6 +18,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from .device import torch_threads
+
 __all__ = [
     "rnn_step", "rnn_forward", "jacobian_norms", "random_rnn_weights", "spectral_radius",
     "time_recurrence", "FixedContextSeq2Seq",
@@ -102,13 +104,21 @@ def random_rnn_weights(input_size: int, hidden_size: int, radius: float, seed: i
     return {"W_xh": W_xh.to(dtype), "W_hh": W_hh.to(dtype), "b_h": torch.zeros(hidden_size, dtype=dtype)}
 
 
-def time_recurrence(lengths: Sequence[int], batch_size: int = 32, hidden_size: int = 128,
-                    repeats: int = 3, seed: int = 0) -> dict[str, list[float]]:
+def time_recurrence(lengths: Sequence[int], batch_size: int = 1, hidden_size: int = 128,
+                    repeats: int = 5, seed: int = 0, num_threads: int | None = 1) -> dict[str, list[float]]:
     """Median wall time (seconds) of the sequential RNN loop and of one batched matrix
     product over all positions (what a layer without recurrence can do), per length.
 
-    Returns ``{"length": [...], "sequential": [...], "parallel": [...]}``.
+    Both run with ``num_threads`` CPU threads (restored afterwards; ``None`` keeps the
+    current setting), so that the comparison measures the dependency between steps,
+    not the number of cores. Returns ``{"length": [...], "sequential": [...], "parallel": [...]}``.
     """
+    with torch_threads(num_threads):
+        return _time_recurrence(lengths, batch_size, hidden_size, repeats, seed)
+
+
+def _time_recurrence(lengths: Sequence[int], batch_size: int, hidden_size: int, repeats: int,
+                     seed: int) -> dict[str, list[float]]:
     g = torch.Generator().manual_seed(seed)
     W = {"W_xh": torch.randn(hidden_size, hidden_size, generator=g) / hidden_size ** 0.5,
          "W_hh": torch.randn(hidden_size, hidden_size, generator=g) / hidden_size ** 0.5,

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .data.vocab import Seq2SeqBatch
+from .device import torch_threads
 
 __all__ = ["sequence_loss", "greedy_tokens", "Seq2SeqScores", "score_predictions", "evaluate", "accuracy_by_length"]
 
@@ -65,12 +66,17 @@ def score_predictions(pred: Tensor, batch: Seq2SeqBatch) -> Seq2SeqScores:
     )
 
 
-def evaluate(model: nn.Module, batch: Seq2SeqBatch, sos_id: int) -> Seq2SeqScores:
-    """Greedy-decode ``batch`` with ``model`` (in eval mode) and score it."""
+def evaluate(model: nn.Module, batch: Seq2SeqBatch, sos_id: int, num_threads: int | None = 1) -> Seq2SeqScores:
+    """Greedy-decode ``batch`` with ``model`` (in eval mode) and score it.
+
+    Decoding runs on ``num_threads`` CPU threads (default one: the decoders here are
+    chains of tiny operations; ``None`` keeps the current setting).
+    """
     was_training = model.training
     model.eval()
     try:
-        return score_predictions(greedy_tokens(model, batch, sos_id), batch)
+        with torch_threads(num_threads):
+            return score_predictions(greedy_tokens(model, batch, sos_id), batch)
     finally:
         model.train(was_training)
 

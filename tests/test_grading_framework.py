@@ -196,3 +196,26 @@ def test_difference_messages(expected, got, fragment):
 def test_matching_outputs_have_no_message():
     x = torch.randn(3, 4)
     assert describe_difference((x, 1), (x.clone() + 1e-7, 1)) is None
+
+
+def test_specs_run_in_a_separate_process_without_a_kernel(tmp_path):
+    """A grader process can import a student's code from a file and run the same spec."""
+    import subprocess
+
+    (tmp_path / "student.py").write_text(
+        "import torch\n"
+        "def causal_mask(T, device=None):\n"
+        "    return torch.ones(T, T, dtype=torch.bool, device=device).triu()\n"
+    )
+    program = (
+        "import json, student\n"
+        "from course_lib.grading import get_spec, grade\n"
+        "r = grade(get_spec('causal_mask'), student.causal_mask, hidden=True)\n"
+        "print(json.dumps({'earned': r.earned, 'messages': [x.message for x in r.results]}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["earned"] == 0.0
+    assert "use torch.tril" in report["messages"][0]

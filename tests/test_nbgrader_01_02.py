@@ -6,6 +6,7 @@ catalogued hints in the graded notebooks."""
 from __future__ import annotations
 
 import copy
+import html
 
 import pytest
 
@@ -112,6 +113,7 @@ EXPECTED_02 = {
 @pytest.fixture(scope="module")
 def course():
     c = Course([NB01, NB02])
+    (c.root / "grading").mkdir(exist_ok=True)  # where nbgrader_config.py puts the gradebook
     yield c
     c.close()
 
@@ -151,3 +153,6 @@ def test_autograding_gives_exact_scores_and_hints(course, assignment, buggy, exp
     assert scores["zoe"]["code"] == 0
     untouched = text(cell(course.autograded("zoe", assignment), f"test_{items[0]}"))
     assert "NotImplementedError" in untouched and "stub" in untouched
+    course.generate_feedback(assignment)
+    for (student, item), (_, hint) in expected.items():
+        assert hint in html.unescape(course.feedback_html(student, assignment)), (student, item)

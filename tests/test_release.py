@@ -61,6 +61,12 @@ def test_graded_cells_agree_with_specs(assignment):
             assert src.index("### BEGIN HIDDEN TESTS") > src.index(f'check("{item}", {item})')
         if c["cell_type"] == "markdown" and meta.get("grade"):
             assert meta.get("solution") and meta.get("points", 0) > 0  # manually graded answer
+            # nbgrader replaces the whole answer cell with "YOUR ANSWER HERE": the question
+            # must stand in the markdown cell just above it
+            question = cells[i - 1]
+            assert question["cell_type"] == "markdown" and not _meta(question).get("solution"), \
+                f"answer cell {meta['grade_id']} needs its question in the cell above"
+            assert "?" in "".join(question["source"]), f"no question above {meta['grade_id']}"
 
 
 CONTRACT_03 = {"scaled_dot_product_attention": "(q, k, v, mask=None)", "causal_mask": "(T, device=None)",

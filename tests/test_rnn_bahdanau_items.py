@@ -168,3 +168,31 @@ def test_stub_reports_once():
     assert result.earned == 0
     assert "NotImplementedError" in result.results[0].message
     assert all(r.message == "not run" for r in result.results[1:])
+
+
+CONTRACT = {
+    "01_rnn_limitations": {"rnn_step": "def rnn_step(x_t, h_prev, W_xh, W_hh, b_h)",
+                           "rnn_forward": "def rnn_forward(X, h0, W_xh, W_hh, b_h)",
+                           "jacobian_norms": "def jacobian_norms(X, h0, W_xh, W_hh, b_h)"},
+    "02_bahdanau_attention": {"dot_score": "def dot_score(h, s)", "general_score": "def general_score(h, s, W)",
+                              "additive_score": "def additive_score(h, s, W_h, W_s, v)",
+                              "masked_softmax": "def masked_softmax(scores, mask=None)",
+                              "context_vector": "def context_vector(weights, h)",
+                              "BahdanauAttention": "def __init__(self, enc_dim, dec_dim, attn_dim)"},
+}
+
+
+@pytest.mark.parametrize("assignment", sorted(CONTRACT))
+def test_released_notebooks_keep_the_curriculum_contract(assignment):
+    import json
+
+    from conftest import ROOT
+
+    cells = json.loads((ROOT / "notebooks" / assignment / f"{assignment}.ipynb").read_text())["cells"]
+    sources = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in cells
+               if c["cell_type"] == "code" and c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    assert set(sources) == set(CONTRACT[assignment])
+    for name, signature in CONTRACT[assignment].items():
+        assert signature in sources[name] and "raise NotImplementedError()" in sources[name], name
+    written = [c for c in cells if c["cell_type"] == "markdown" and c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+    assert len(written) >= 3

@@ -13,7 +13,7 @@ from conftest import devices
 from course_lib import bahdanau, rnn
 from course_lib.data.copy import CopyTask
 from course_lib.data.vocab import Vocab, make_seq2seq_batch, pad_sequences
-from course_lib.seq2seq import accuracy_by_length, evaluate, score_predictions, sequence_loss
+from course_lib.seq2seq import accuracy_by_length, score_predictions
 from course_lib.training import TrainHistory, train
 
 
@@ -192,3 +192,32 @@ def test_training_loop_stops_on_a_non_finite_loss():
     model = nn.Linear(2, 1)
     with pytest.raises(FloatingPointError, match="step 1"):
         train(model, lambda step: None, lambda m, b: m.weight.sum() * float("nan"), steps=3, progress=False)
+
+
+def test_training_loop_restores_the_thread_setting():
+    before = torch.get_num_threads()
+    model = nn.Linear(2, 1)
+    seen = []
+
+    def loss_fn(m, batch):
+        seen.append(torch.get_num_threads())
+        return m(batch).pow(2).mean()
+
+    train(model, lambda step: torch.ones(4, 2), loss_fn, steps=2, progress=False, num_threads=1)
+    assert seen == [1, 1] and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="num_threads"):
+        train(model, lambda step: None, loss_fn, steps=1, num_threads=0)
+
+
+def test_torch_threads_is_scoped():
+    from course_lib.device import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError):
+        with torch_threads(0):
+            pass
