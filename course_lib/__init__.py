@@ -10,6 +10,10 @@ Modules, one idea each:
 - ``course_lib.training``   a small generic training loop with progress bar and loss history
 - ``course_lib.data``       offline data sets (dates, copy task) and vocabularies
 - ``course_lib.attention``  scaled dot-product attention, masks, single-head self-attention
+- ``course_lib.multihead``  multi-head attention, head split/merge, head ablation, diversity penalty
+- ``course_lib.positional`` sinusoidal, learned, relative (Shaw et al.) and rotary positions
+- ``course_lib.synthetic_tasks`` small generated sequence tasks (offset digits, sortedness)
+- ``course_lib.tiny_models`` a small configurable attention model and its training loop
 - ``course_lib.plotting``   heatmaps and curves used by the notebooks
 - ``course_lib.widgets``    the interactive attention explorer
 - ``course_lib.grading``    check specs, mistake catalogues and the ``check`` entry point

@@ -12,6 +12,7 @@ model only serves the experiments of notebooks 04 and 05.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -139,7 +140,7 @@ def accuracy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> float
 def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: int, lr: float = 3e-3,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, weight_decay: float = 0.0,
         attention_penalty: Callable[[list[Tensor]], Tensor] | None = None,
-        progress: bool = True, description: str = "training") -> list[float]:
+        progress: bool = True, description: str = "training", cpu_threads: int | None = 1) -> list[float]:
     """Train ``model`` with AdamW (cosine-decayed learning rate) on ``steps`` fresh batches.
 
     ``make_batch()`` returns ``(inputs, targets)`` or ``(inputs, lengths, targets)``; the
@@ -148,6 +149,11 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
     ``attention_penalty(weights)``, if given, is added to the loss; the model is then called
     with ``return_attention=True`` and ``weights`` is its list of per-layer attention weights.
     Returns the loss of every step (without the penalty). Batches are moved to the model's device.
+
+    ``cpu_threads``: on the CPU, the number of threads torch uses while training (restored
+    afterwards). The models of these notebooks are so small that one thread is fastest: more
+    threads only add synchronisation, and on a busy machine they slow training down many times.
+    ``None`` keeps torch's setting.
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
@@ -155,7 +161,18 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
     loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / max(1, steps))).item()))
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / max(1, steps))))
+    threads_before = torch.get_num_threads()
+    if cpu_threads is not None and device.type == "cpu":
+        torch.set_num_threads(cpu_threads)
+    try:
+        return _train(model, make_batch, steps, loss_fn, opt, sched, attention_penalty, progress, description)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _train(model, make_batch, steps, loss_fn, opt, sched, attention_penalty, progress, description) -> list[float]:
+    device = next(model.parameters()).device
     model.train()
     history: list[float] = []
     bar: Iterable[int] = tqdm(range(steps), desc=description, disable=not progress, leave=False)

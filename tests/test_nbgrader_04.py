@@ -1,0 +1,93 @@
+"""Notebook 04 graded end to end by the real nbgrader: a correct notebook, the released stubs,
+catalogued mistakes, a subclass of the reference and a syntax error; exact scores, and the
+feedback names each mistake."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+
+from nbtools import Course, replace_solution, solution_sources
+
+pytestmark = pytest.mark.slow
+
+A = "04_multi_head_attention"
+SOL = solution_sources(A)
+
+
+def _replace(item: str, old: str, new: str) -> str:
+    assert old in SOL[item], f"{old!r} not in the solution of {item}"
+    return SOL[item].replace(old, new)
+
+
+SPLIT_NO_TRANSPOSE = _replace("split_heads", "x.reshape(B, T, num_heads, D // num_heads).transpose(1, 2)",
+                              "x.reshape(B, num_heads, T, D // num_heads)")
+NO_W_O = _replace("MultiHeadAttention", "return self.w_o(from_heads(heads)), weights",
+                  "return from_heads(heads), weights")
+GRAM_TRANSPOSED = _replace("head_diversity_penalty", "eye = torch.eye(A.size(-2)", "eye = torch.eye(A.size(-1)").replace(
+    "(A @ A.transpose(-2, -1) - eye)", "(A.transpose(-2, -1) @ A - eye)")
+COUNT_FLOAT = _replace("mha_parameter_count", "return 4 * d_model", "return 4.0 * d_model")
+SUBCLASSES_REFERENCE = '''
+from course_lib.multihead import MultiHeadAttention as _Reference
+
+class MultiHeadAttention(_Reference):
+    pass
+'''
+SYNTAX_ERROR = "def merge_heads(x)\n    return x\n"
+
+ITEMS = ("split_heads", "merge_heads", "MultiHeadAttention", "mha_parameter_count", "head_diversity_penalty")
+
+# student -> (cells that differ from the correct answers, expected points per test cell,
+#             fragment the feedback must show)
+SUBMISSIONS = {
+    "correct": ({}, (3, 3, 6, 2, 3), None),
+    "stubs": (None, (0, 0, 0, 0, 0), "still contains the stub"),
+    # the later cells fall back on course_lib's split_heads, so MultiHeadAttention still earns 6
+    "split_no_transpose": ({"split_heads": SPLIT_NO_TRANSPOSE}, (0, 3, 6, 2, 3),
+                           "You reshaped (B, T, D) straight to (B, H, T, D/H)"),
+    "no_w_o": ({"MultiHeadAttention": NO_W_O}, (3, 3, 2, 2, 3), "The output skips w_o"),
+    "gram_transposed": ({"head_diversity_penalty": GRAM_TRANSPOSED}, (3, 3, 6, 2, 0),
+                        "You computed Aᵀ A (keys against keys"),
+    "count_float": ({"mha_parameter_count": COUNT_FLOAT}, (3, 3, 6, 0, 3), "Return a Python int"),
+    "subclasses_reference": ({"MultiHeadAttention": SUBCLASSES_REFERENCE}, (3, 3, 0, 2, 3),
+                             "the course's reference for this item"),
+    # merge_heads is undefined: its own check and the MultiHeadAttention that uses it fail
+    "syntax_error": ({"merge_heads": SYNTAX_ERROR}, (3, 0, 1, 2, 3), "NameError"),
+}
+
+
+@pytest.fixture(scope="module")
+def graded():
+    course = Course([A])
+    try:
+        course.generate(A)
+        released = course.released(A)
+        for student, (cells, _, _) in SUBMISSIONS.items():
+            nb = released
+            if cells is not None:  # every submission but the stubs starts from the correct answers
+                for gid, source in {**SOL, **cells}.items():
+                    nb = replace_solution(nb, gid, source)
+            course.submit(student, A, nb)
+        course.autograde(A)
+        course.generate_feedback(A)
+        yield course, course.scores(A)
+    finally:
+        course.close()
+
+
+@pytest.mark.parametrize("student", SUBMISSIONS)
+def test_exact_scores(graded, student):
+    course, scores = graded
+    expected = SUBMISSIONS[student][1]
+    got = tuple(scores[student][f"test_{item}"] for item in ITEMS)
+    assert got == expected, f"{student}: {dict(zip(ITEMS, got))}"
+    assert scores[student]["code"] == sum(expected)
+
+
+@pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
+def test_feedback_names_the_mistake(graded, student):
+    course, _ = graded
+    fragment = SUBMISSIONS[student][2]
+    page = html.unescape(course.feedback_html(student, A))
+    assert fragment in page, f"feedback for {student} does not say {fragment!r}"

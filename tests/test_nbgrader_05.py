@@ -1,0 +1,91 @@
+"""Notebook 05 graded end to end by the real nbgrader: a correct notebook, the released stubs
+and catalogued mistakes; exact scores, and the feedback names each mistake."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+
+from nbtools import Course, replace_solution, solution_sources
+
+pytestmark = pytest.mark.slow
+
+A = "05_positional_encoding"
+SOL = solution_sources(A)
+
+
+def _replace(item: str, old: str, new: str) -> str:
+    assert old in SOL[item], f"{old!r} not in the solution of {item}"
+    return SOL[item].replace(old, new)
+
+
+SIN_COS_SWAPPED = _replace("sinusoidal_positional_encoding",
+                           "pe[:, 0::2] = torch.sin(angles)\n    pe[:, 1::2] = torch.cos(angles)",
+                           "pe[:, 0::2] = torch.cos(angles)\n    pe[:, 1::2] = torch.sin(angles)")
+HALVES = _replace("sinusoidal_positional_encoding", "return pe.float()",
+                  "return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).float()")
+SHIFT_TRANSPOSED = _replace("pe_shift_matrix", "[[math.cos(b), math.sin(b)], [-math.sin(b), math.cos(b)]]",
+                            "[[math.cos(b), -math.sin(b)], [math.sin(b), math.cos(b)]]")
+INDEX_SIGN_FLIPPED = _replace("relative_position_index", "return (j - i).clamp", "return (i - j).clamp")
+INDEX_NOT_CLIPPED = _replace("relative_position_index",
+                             "return (j - i).clamp(-max_distance, max_distance) + max_distance",
+                             "return (j - i) + max_distance")
+NO_RELATIVE_VALUES = _replace("RelativeSelfAttention",
+                              'return weights @ v + torch.einsum("bij,ijd->bid", weights, a_v), weights',
+                              "return weights @ v, weights")
+
+ITEMS = ("sinusoidal_positional_encoding", "pe_shift_matrix", "relative_position_index", "RelativeSelfAttention")
+
+SUBMISSIONS = {
+    "correct": ({}, (3, 3, 2, 4), None),
+    "stubs": (None, (0, 0, 0, 0), "still contains the stub"),
+    "sin_cos_swapped": ({"sinusoidal_positional_encoding": SIN_COS_SWAPPED}, (0, 3, 2, 4),
+                        "Sine and cosine are swapped"),
+    "halves": ({"sinusoidal_positional_encoding": HALVES}, (0, 3, 2, 4),
+               "You put all sines in the first half and all cosines in the second"),
+    "shift_transposed": ({"pe_shift_matrix": SHIFT_TRANSPOSED}, (3, 0, 2, 4), "Your matrix shifts by −k"),
+    # RelativeSelfAttention falls back on course_lib's index when the student's fails its checks
+    "index_sign_flipped": ({"relative_position_index": INDEX_SIGN_FLIPPED}, (3, 3, 0, 4),
+                           "The distance has the wrong sign"),
+    "index_not_clipped": ({"relative_position_index": INDEX_NOT_CLIPPED}, (3, 3, 0, 4),
+                          "The distance is not clipped"),
+    "no_relative_values": ({"RelativeSelfAttention": NO_RELATIVE_VALUES}, (3, 3, 2, 1),
+                           "The output ignores the relative values"),
+}
+
+
+@pytest.fixture(scope="module")
+def graded():
+    course = Course([A])
+    try:
+        course.generate(A)
+        released = course.released(A)
+        for student, (cells, _, _) in SUBMISSIONS.items():
+            nb = released
+            if cells is not None:
+                for gid, source in {**SOL, **cells}.items():
+                    nb = replace_solution(nb, gid, source)
+            course.submit(student, A, nb)
+        course.autograde(A)
+        course.generate_feedback(A)
+        yield course, course.scores(A)
+    finally:
+        course.close()
+
+
+@pytest.mark.parametrize("student", SUBMISSIONS)
+def test_exact_scores(graded, student):
+    course, scores = graded
+    expected = SUBMISSIONS[student][1]
+    got = tuple(scores[student][f"test_{item}"] for item in ITEMS)
+    assert got == expected, f"{student}: {dict(zip(ITEMS, got))}"
+    assert scores[student]["code"] == sum(expected)
+
+
+@pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
+def test_feedback_names_the_mistake(graded, student):
+    course, _ = graded
+    fragment = SUBMISSIONS[student][2]
+    page = html.unescape(course.feedback_html(student, A))
+    assert fragment in page, f"feedback for {student} does not say {fragment!r}"
