@@ -17,6 +17,10 @@ Modules, one idea each:
 - ``course_lib.decoding``   teacher forcing, greedy decoding, beam search with a length penalty
 - ``course_lib.bleu``       corpus BLEU (Papineni et al.)
 - ``course_lib.synthetic_tasks`` small generated sequence tasks (offset digits, sortedness)
+- ``course_lib.gpt``        pre-LN GPT block, GPT model with tied embeddings, parameter counts (GPT-2, GPT-3)
+- ``course_lib.sampling``   greedy/temperature/top-k next-token sampling and ``generate`` with context cropping
+- ``course_lib.icl``        in-context task samplers, a small ICL transformer, a nearest-centroid baseline, few-shot accuracy
+- ``course_lib.induction``  repeated-random-token data, attention-only transformers, induction scores
 - ``course_lib.tiny_models`` a small configurable attention model and its training loop
 - ``course_lib.plotting``   heatmaps and curves used by the notebooks
 - ``course_lib.widgets``    the interactive attention explorer

@@ -1,0 +1,131 @@
+"""A decoder-only (GPT) language model: pre-LN blocks with causal self-attention.
+
+``GPTBlock`` is GPT-2's block: ``x = x + attn(ln1(x))`` then ``x = x + mlp(ln2(x))``, the
+attention causal (position ``t`` sees positions ``0..t``). ``GPT`` stacks blocks between a
+token + learned position embedding and a final LayerNorm; its output layer shares its
+weight with the token embedding ("tied embeddings"). ``gpt_parameter_count`` gives the
+number of parameters of such a model from its hyper-parameters, e.g. GPT-2 XL (≈1.5B)
+and GPT-3 (≈175B).
+
+Conventions: batch first, boolean masks with True = "may attend".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .multihead import MultiHeadAttention
+
+__all__ = ["causal_self_mask", "GPTBlock", "GPT", "gpt_parameter_count", "GPT2_XL", "GPT3"]
+
+# Hyper-parameters of the two published models (Radford et al. 2019; Brown et al. 2020).
+GPT2_XL = dict(n_layer=48, num_heads=25, d_model=1600, vocab_size=50257, n_ctx=1024)
+GPT3 = dict(n_layer=96, num_heads=96, d_model=12288, vocab_size=50257, n_ctx=2048)
+
+
+def causal_self_mask(T: int, device: torch.device | str | None = None) -> Tensor:
+    """``(T, T)`` boolean mask, True on and below the diagonal."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+
+class GPTBlock(nn.Module):
+    """One pre-LN decoder block (GPT-2).
+
+    Submodules: ``ln1``, ``ln2`` = ``nn.LayerNorm(d_model)``; ``attn`` =
+    :class:`MultiHeadAttention` ``(d_model, num_heads, dropout)``; ``mlp`` =
+    ``nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model), nn.Dropout(dropout))``.
+
+    ``forward(x (B, T, d_model)) -> (B, T, d_model)``; with ``need_weights=True`` it
+    returns ``(x, weights (B, H, T, T))``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_ff < 1:
+            raise ValueError(f"d_ff must be positive, got {d_ff}")
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model), nn.Dropout(dropout))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        if x.dim() != 3:
+            raise ValueError(f"GPTBlock expects x of shape (B, T, d_model), got {tuple(x.shape)}")
+        h = self.ln1(x)
+        a, weights = self.attn(h, h, h, mask=causal_self_mask(x.size(1), x.device), need_weights=need_weights)
+        x = x + self.drop(a)
+        x = x + self.mlp(self.ln2(x))
+        return (x, weights) if need_weights else x
+
+
+class GPT(nn.Module):
+    """A GPT language model over ``vocab_size`` tokens with a context of ``block_size``.
+
+    ``tok_emb (V, d)``, ``pos_emb (block_size, d)``, ``n_layer`` :class:`GPTBlock` s with
+    ``d_ff = 4 d``, a final ``ln_f`` and ``head = nn.Linear(d, V, bias=False)`` whose weight
+    is ``tok_emb.weight`` (tied). ``forward(idx (B, T)) -> logits (B, T, V)`` for
+    ``T ≤ block_size``; ``need_weights=True`` also returns the attention weights of every
+    layer, a list of ``(B, H, T, T)`` tensors.
+    """
+
+    def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, n_layer: int = 2,
+                 num_heads: int = 4, d_ff: int | None = None, dropout: float = 0.0) -> None:
+        super().__init__()
+        if vocab_size < 1 or block_size < 1 or n_layer < 0:
+            raise ValueError(f"need vocab_size ≥ 1, block_size ≥ 1, n_layer ≥ 0; got {vocab_size}, {block_size}, {n_layer}")
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(block_size, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(GPTBlock(d_model, num_heads, d_ff or 4 * d_model, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight  # tied embeddings
+        self.apply(_init_weights)
+
+    def forward(self, idx: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError(f"GPT expects token ids of shape (B, T) and an integer dtype, got {tuple(idx.shape)} {idx.dtype}")
+        T = idx.size(1)
+        if T > self.block_size:
+            raise ValueError(f"sequence length {T} exceeds the block size {self.block_size}: crop the context")
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        weights = []
+        for block in self.blocks:
+            if need_weights:
+                x, w = block(x, need_weights=True)
+                weights.append(w)
+            else:
+                x = block(x)
+        logits = self.head(self.ln_f(x))
+        return (logits, weights) if need_weights else logits
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's initialisation: normal(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def gpt_parameter_count(n_layer: int, d_model: int, vocab_size: int, n_ctx: int, tied: bool = True) -> int:
+    """Number of parameters of a GPT-2-style model (``d_ff = 4 d_model``, biases everywhere).
+
+    token embedding ``V d`` + position embedding ``n_ctx d`` + per block
+    (two LayerNorms ``4 d``, attention ``4 d² + 4 d``, MLP ``8 d² + 5 d``) + final LayerNorm
+    ``2 d`` + an output layer ``V d`` unless it is tied to the token embedding.
+    """
+    for name, value in (("n_layer", n_layer), ("d_model", d_model), ("vocab_size", vocab_size), ("n_ctx", n_ctx)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    d = d_model
+    per_block = 4 * d + (4 * d * d + 4 * d) + (8 * d * d + 5 * d)
+    total = vocab_size * d + n_ctx * d + n_layer * per_block + 2 * d
+    if not tied:
+        total += vocab_size * d
+    return total

@@ -1,0 +1,897 @@
+"""Check specs for notebook 08 (GPT and in-context learning): GPTBlock,
+sample_next_token, generate, gpt_parameter_count and few_shot_accuracy, with their
+mistake catalogues.
+
+Sampling is random, so ``sample_next_token`` is checked statistically: many rows with
+the same logits are sampled in one call with a seeded generator, and the frequency of
+each token must be within 6 standard deviations (plus 0.005) of its probability, which
+a correct implementation meets whatever random stream it uses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ... import gpt as ref_gpt
+from ... import icl as ref_icl
+from ... import sampling as ref_sampling
+from ..compare import fmt_num
+from ..properties import compare_cases, dtype_name, module_invoke, randn
+from ..runner import unwatched
+from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+
+f32, f64 = torch.float32, torch.float64
+
+# ---------------------------------------------------------------------------
+# GPTBlock
+# ---------------------------------------------------------------------------
+
+
+def _block_case(seed: int, B: int, T: int, d_model: int, heads: int, d_ff: int, dtype: torch.dtype) -> Case:
+    def make(device: torch.device) -> dict:
+        x = randn((B, T, d_model), seed, dtype, device)
+        return {"dims": (d_model, heads, d_ff), "x": x, "_device": device, "_dtype": dtype}
+
+    return Case(f"GPTBlock(d_model={d_model}, num_heads={heads}, d_ff={d_ff}) on x ({B}, {T}, {d_model}) "
+                f"{dtype_name(dtype)}", make)
+
+
+def _block_invoke(impl, inputs: dict):
+    dims = inputs.pop("dims")
+    seed = 808 + sum(dims)
+
+    def reference_instance() -> nn.Module:
+        torch.manual_seed(seed)
+        block = ref_gpt.GPTBlock(*dims)
+        with torch.no_grad():  # non-trivial LayerNorm and bias values, so that every part shows
+            for name, p in block.named_parameters():
+                if name.endswith("bias") or name.startswith("ln"):
+                    p.add_(0.1 * torch.randn(p.shape))
+        return block
+
+    invoke = module_invoke(lambda cls: cls(*dims), lambda module, kw: module(kw["x"]), reference_instance)
+    return invoke(impl, inputs)
+
+
+class _BlockLayout(nn.Module):
+    """The contract's layout, written without course_lib (for the mistake variants)."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = _PlainMHA(d_model, num_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+
+    def mask(self, T: int, device) -> Tensor | None:
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+    def forward(self, x):
+        h = self.ln1(x)
+        x = x + self.attn(h, self.mask(x.size(1), x.device))
+        return x + self.mlp(self.ln2(x))
+
+
+class _PlainMHA(nn.Module):
+    """Multi-head attention with the parameter names of course_lib's (w_q, w_k, w_v, w_o)."""
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x, mask):
+        B, T, D = x.shape
+        H = self.num_heads
+
+        def split(t):
+            return t.view(B, T, H, D // H).transpose(1, 2)
+
+        q, k, v = split(self.w_q(x)), split(self.w_k(x)), split(self.w_v(x))
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // H)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(s, dim=-1)
+        return self.w_o((w @ v).transpose(1, 2).reshape(B, T, D))
+
+
+class BlockNoMask(_BlockLayout):
+    def mask(self, T, device):
+        return None
+
+
+class BlockDiagonalExcluded(_BlockLayout):
+    def mask(self, T, device):
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
+
+
+class BlockDiagonalExcludedSafe(_BlockLayout):
+    """As with the diagonal excluded, where the first row (nothing visible) gives zeros."""
+
+    def forward(self, x):
+        T = x.size(1)
+        allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
+        h = self.ln1(x)
+        B, _, D = x.shape
+        H = self.attn.num_heads
+        q, k, v = (lin(h).view(B, T, H, D // H).transpose(1, 2) for lin in (self.attn.w_q, self.attn.w_k, self.attn.w_v))
+        s = (q @ k.transpose(-2, -1) / math.sqrt(D // H)).masked_fill(~allowed, float("-inf"))
+        w = torch.nan_to_num(torch.softmax(s, dim=-1))
+        x = x + self.attn.w_o((w @ v).transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp(self.ln2(x))
+
+
+class BlockMaskInverted(_BlockLayout):
+    def mask(self, T, device):
+        return ~torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
+
+
+class BlockPostLN(_BlockLayout):
+    def forward(self, x):
+        x = self.ln1(x + self.attn(x, self.mask(x.size(1), x.device)))
+        return self.ln2(x + self.mlp(x))
+
+
+class BlockNoResidual(_BlockLayout):
+    def forward(self, x):
+        x = self.attn(self.ln1(x), self.mask(x.size(1), x.device))
+        return self.mlp(self.ln2(x))
+
+
+class BlockSameNorm(_BlockLayout):
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x), self.mask(x.size(1), x.device))
+        return x + self.mlp(self.ln1(x))
+
+
+class BlockReLU(_BlockLayout):
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
+        super().__init__(d_model, num_heads, d_ff, dropout)
+        self.mlp[1] = nn.ReLU()
+
+
+BLOCK_MISTAKES = (
+    Mistake("no causal mask", BlockNoMask,
+            "Every position sees the future: pass a causal mask (True on and below the diagonal, "
+            "torch.ones(T, T, dtype=torch.bool).tril()) to the attention."),
+    Mistake("diagonal excluded", BlockDiagonalExcluded,
+            "Your causal mask excludes the diagonal, so a token cannot attend to itself (and the first token "
+            "sees nothing at all): use tril() without an offset."),
+    Mistake("diagonal excluded (empty first row gives zeros)", BlockDiagonalExcludedSafe,
+            "Your causal mask excludes the diagonal, so a token cannot attend to itself (and the first token "
+            "sees nothing at all): use tril() without an offset."),
+    Mistake("mask inverted", BlockMaskInverted,
+            "Your causal mask is inverted: True means 'may attend', i.e. on and below the diagonal."),
+    Mistake("post-LN", BlockPostLN,
+            "This is the post-LN block of the original transformer (LayerNorm after the residual sum). GPT-2 is "
+            "pre-LN: x = x + attn(ln1(x)), then x = x + mlp(ln2(x))."),
+    Mistake("no residual connections", BlockNoResidual,
+            "The residual connections are missing: add each sub-layer's output to its input (x = x + ...)."),
+    Mistake("ln1 used twice", BlockSameNorm,
+            "The MLP reads ln1(x): each sub-layer has its own LayerNorm, use ln2 before the MLP."),
+    Mistake("ReLU in the MLP", BlockReLU,
+            "The MLP uses ReLU; GPT uses GELU: nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))."),
+)
+
+
+def _block_parameters(trial) -> None:
+    module = trial.guarded(lambda: trial.impl(8, 2, 32), "GPTBlock(8, 2, 32)")
+    missing = [name for name in ("ln1", "attn", "ln2", "mlp") if not isinstance(getattr(module, name, None), nn.Module)]
+    if missing:
+        raise CheckFailed(f"GPTBlock(8, 2, 32) should have the submodules ln1, attn, ln2 and mlp; missing: {', '.join(missing)}.")
+    for name in ("ln1", "ln2"):
+        if not isinstance(getattr(module, name), nn.LayerNorm):
+            raise CheckFailed(f"`{name}` should be an nn.LayerNorm(d_model), got {type(getattr(module, name)).__name__}.")
+    if getattr(module.attn, "num_heads", None) != 2:
+        raise CheckFailed("`attn` should be MultiHeadAttention(d_model, num_heads, dropout) with num_heads = 2.")
+    with unwatched():
+        expected = {k: tuple(v.shape) for k, v in ref_gpt.GPTBlock(8, 2, 32).state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    if got != expected:
+        wrong = [f"{k} {got.get(k, 'missing')}" for k in expected if got.get(k) != expected[k]]
+        extra = [k for k in got if k not in expected]
+        raise CheckFailed(
+            "GPTBlock(d_model=8, num_heads=2, d_ff=32) should have exactly the parameters "
+            + ", ".join(f"{k} {v}" for k, v in expected.items())
+            + f". Different: {', '.join(wrong + extra)}. The MLP is "
+            "nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))."
+        )
+
+
+def _block_causal(trial) -> None:
+    """Changing the last token must not change any earlier output."""
+    case = _block_case(850, 2, 6, 8, 2, 16, f64)
+    a = case.make(trial.device)
+    b = case.make(trial.device)
+    b["x"][:, -1] += 3.0
+    out_a = trial.student(a, case.label)
+    out_b = trial.student(b, case.label)
+    if not isinstance(out_a, Tensor) or not isinstance(out_b, Tensor):
+        raise CheckFailed(f"GPTBlock.forward should return a tensor (B, T, d_model), got {type(out_a).__name__}.")
+    diff = (out_a[:, :-1] - out_b[:, :-1]).abs().max().item()
+    if not diff < 1e-9:
+        raise CheckFailed(
+            f"On {case.label}: changing only the last token changed the outputs at earlier positions (by up to "
+            f"{fmt_num(diff)}), so earlier tokens see the future. Use a causal mask."
+        )
+
+
+def _block_gradients(trial) -> None:
+    case = _block_case(860, 2, 5, 8, 2, 16, f64)
+    inputs = case.make(trial.device)
+    x = inputs["x"].requires_grad_(True)
+
+    def run():
+        module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=torch.float64)
+        module(x).pow(2).sum().backward()
+        return module
+
+    module = trial.guarded(run, case.label)
+    for name, p in (("x", x), *module.named_parameters()):
+        if p.grad is None or float(p.grad.abs().sum()) == 0.0 or not bool(torch.isfinite(p.grad).all()):
+            raise CheckFailed(f"On {case.label}: `{name}` gets no (finite) gradient from the output.")
+
+
+def _block_spec() -> ItemSpec:
+    visible = _block_case(800, 2, 5, 8, 2, 32, f32)
+    hidden = (
+        _block_case(810, 3, 7, 12, 3, 24, f64),
+        _block_case(820, 1, 1, 16, 4, 64, f32),
+        _block_case(830, 2, 9, 8, 1, 8, f64),
+    )
+    return ItemSpec(
+        name="GPTBlock",
+        reference=ref_gpt.GPTBlock,
+        invoke=_block_invoke,
+        mistakes=BLOCK_MISTAKES,
+        subchecks=(
+            SubCheck("submodules ln1, attn, ln2, mlp with the right parameters", 1, _block_parameters),
+            SubCheck("matches the reference (same weights) on a random batch", 1, compare_cases(visible)),
+            SubCheck("matches on other sizes, float64, T = 1", 1, compare_cases(*hidden), hidden=True),
+            SubCheck("causal: changing the last token leaves earlier outputs unchanged", 1, _block_causal, hidden=True),
+            SubCheck("gradients reach x and every parameter", 1, _block_gradients, hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# sample_next_token
+# ---------------------------------------------------------------------------
+
+N_DRAWS = 20000
+LOGITS_A = [2.0, 1.2, 0.6, 0.0, -0.5, -1.5]  # distinct values: top-k is never ambiguous
+LOGITS_B = [-1.0, 0.5, 3.0, 1.0, 0.0, 2.2]
+
+
+def _expected_probs(rows: list[list[float]], temperature: float, top_k: int | None) -> Tensor:
+    logits = torch.tensor(rows, dtype=torch.float64)
+    if temperature == 0:
+        return F.one_hot(logits.argmax(-1), logits.size(-1)).double()
+    s = logits / temperature
+    if top_k is not None and top_k < s.size(-1):
+        kth = s.topk(top_k, dim=-1).values[:, -1:]
+        s = s.masked_fill(s < kth, float("-inf"))
+    return torch.softmax(s, dim=-1)
+
+
+class _SampleCase:
+    """``rows`` of logits, each repeated ``N_DRAWS`` times (row-major), one call."""
+
+    def __init__(self, rows: list[list[float]], temperature: float, top_k: int | None, seed: int,
+                 dtype: torch.dtype = f32, n: int = N_DRAWS) -> None:
+        self.rows, self.temperature, self.top_k, self.seed, self.dtype, self.n = rows, temperature, top_k, seed, dtype, n
+        k = "" if top_k is None else f", top_k={top_k}"
+        self.label = (f"{len(rows) * n} rows of logits ({len(rows)} distinct, V = {len(rows[0])}) "
+                      f"{dtype_name(dtype)}, temperature={temperature}{k}")
+
+    def make(self, device: torch.device) -> dict:
+        logits = torch.tensor(self.rows, dtype=self.dtype).repeat_interleave(self.n, dim=0).to(device)
+        gen = torch.Generator(device=device).manual_seed(self.seed)
+        kw = {"logits": logits, "temperature": self.temperature, "generator": gen}
+        if self.top_k is not None:
+            kw["top_k"] = self.top_k
+        return kw
+
+    def frequencies(self, samples: Tensor) -> Tensor:
+        V = len(self.rows[0])
+        s = samples.detach().cpu().long().view(len(self.rows), self.n)
+        return torch.stack([torch.bincount(r, minlength=V)[:V] for r in s]).double() / self.n
+
+
+def _validate_samples(case: _SampleCase, got, device) -> Tensor:
+    B, V = len(case.rows) * case.n, len(case.rows[0])
+    if not isinstance(got, Tensor):
+        raise CheckFailed(f"On {case.label}: expected a LongTensor of shape ({B},), got {type(got).__name__}.")
+    if got.dtype != torch.long:
+        raise CheckFailed(f"On {case.label}: expected token ids as a LongTensor (int64), got dtype {dtype_name(got.dtype)}.")
+    if tuple(got.shape) != (B,):
+        extra = " Squeeze the last axis of torch.multinomial's (B, 1) result." if tuple(got.shape) == (B, 1) else ""
+        raise CheckFailed(f"On {case.label}: expected shape ({B},), one token per row, got {tuple(got.shape)}.{extra}")
+    if got.device.type != device.type:
+        raise CheckFailed(f"On {case.label}: the tokens are on {got.device}, the logits on {device}.")
+    if bool(((got < 0) | (got >= V)).any()):
+        raise CheckFailed(f"On {case.label}: some token ids are outside 0..{V - 1}.")
+    return got
+
+
+def _distance(freq: Tensor, probs: Tensor, n: int) -> tuple[float, tuple[int, int]]:
+    """Largest |freq - p| in units of the allowed deviation (> 1 means 'does not match')."""
+    allowed = 6.0 * torch.sqrt(probs * (1 - probs) / n) + 0.005
+    ratio = (freq - probs).abs() / allowed
+    idx = int(ratio.argmax())
+    return float(ratio.max()), divmod(idx, probs.size(-1))
+
+
+def _matches_mistake(trial, case: _SampleCase, freq: Tensor, expected: Tensor) -> str | None:
+    for mistake in trial.spec.mistakes:
+        wrong = trial.mistake_output(mistake.impl, case.make(trial.device))
+        if not isinstance(wrong, Tensor) or wrong.shape != (len(case.rows) * case.n,):
+            continue
+        wrong_freq = case.frequencies(wrong)
+        if _distance(wrong_freq, expected, case.n)[0] <= 1.5:
+            continue  # this mistake does not show on this input
+        # two samples: allow twice the deviation
+        if _distance(freq, wrong_freq, case.n)[0] <= 1.5:
+            return mistake.hint
+    return None
+
+
+def _sample_distribution(*cases: _SampleCase):
+    def run(trial) -> None:
+        for case in cases:
+            got = _validate_samples(case, trial.student(case.make(trial.device), case.label), trial.device)
+            freq = case.frequencies(got)
+            probs = _expected_probs(case.rows, case.temperature, case.top_k)
+            impossible = (probs == 0) & (freq > 0)
+            if bool(impossible.any()):
+                r, tok = (int(i) for i in impossible.nonzero()[0])
+                message = (f"On {case.label}: token {tok} of row {r} was sampled {int(freq[r, tok] * case.n)} times "
+                           "but has probability 0 (it is not among the top_k largest logits).")
+            else:
+                dist, (r, tok) = _distance(freq, probs, case.n)
+                if dist <= 1.0:
+                    continue
+                message = (f"On {case.label}: token {tok} of row {r} should be drawn with probability "
+                           f"{probs[r, tok]:.3f}, but came up in {freq[r, tok]:.3f} of {case.n} draws.")
+            hint = _matches_mistake(trial, case, freq, probs)
+            if hint:
+                message += f"\nLikely cause: {hint}"
+            raise CheckFailed(message)
+
+    return run
+
+
+def _greedy_case(rows: list[list[float]], dtype: torch.dtype = f32) -> Case:
+    def make(device):
+        return {"logits": torch.tensor(rows, dtype=dtype, device=device), "temperature": 0.0}
+
+    return Case(f"logits {tuple(torch.tensor(rows).shape)} {dtype_name(dtype)}, temperature=0 (greedy)", make)
+
+
+def _sample_generator(trial) -> None:
+    case = _SampleCase([LOGITS_A, LOGITS_B], 1.0, None, 5, n=50)
+    first = trial.student(case.make(trial.device), case.label)
+    second = trial.student(case.make(trial.device), case.label)
+    if isinstance(first, Tensor) and isinstance(second, Tensor) and not torch.equal(first, second):
+        raise CheckFailed(
+            f"On {case.label}: two calls with generators seeded alike gave different tokens, so `generator` is not "
+            "used. Pass it on: torch.multinomial(probs, 1, generator=generator)."
+        )
+
+
+def sample_temperature_after_softmax(logits, temperature=1.0, top_k=None, generator=None):
+    if temperature == 0:
+        return logits.argmax(-1)
+    s = logits
+    if top_k is not None:
+        kth = s.topk(top_k, dim=-1).values[:, -1:]
+        s = s.masked_fill(s < kth, float("-inf"))
+    p = torch.softmax(s, dim=-1) / temperature
+    return torch.multinomial(p, 1, generator=generator).squeeze(-1)
+
+
+def sample_temperature_multiplied(logits, temperature=1.0, top_k=None, generator=None):
+    if temperature == 0:
+        return logits.argmax(-1)
+    s = logits * temperature
+    if top_k is not None:
+        kth = s.topk(top_k, dim=-1).values[:, -1:]
+        s = s.masked_fill(s < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(s, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def _top_k_off_by(offset: int):
+    def sample(logits, temperature=1.0, top_k=None, generator=None):
+        if temperature == 0:
+            return logits.argmax(-1)
+        s = logits / temperature
+        if top_k is not None:
+            k = min(max(top_k + offset, 1), s.size(-1))
+            kth = s.topk(k, dim=-1).values[:, -1:]
+            s = s.masked_fill(s < kth, float("-inf"))
+        return torch.multinomial(torch.softmax(s, dim=-1), 1, generator=generator).squeeze(-1)
+
+    return sample
+
+
+sample_top_k_minus_one = _top_k_off_by(-1)
+sample_top_k_plus_one = _top_k_off_by(+1)
+
+
+def sample_top_k_ignored(logits, temperature=1.0, top_k=None, generator=None):
+    if temperature == 0:
+        return logits.argmax(-1)
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def sample_top_k_smallest(logits, temperature=1.0, top_k=None, generator=None):
+    if temperature == 0:
+        return logits.argmax(-1)
+    s = logits / temperature
+    if top_k is not None:
+        kth = s.topk(top_k, dim=-1, largest=False).values[:, -1:]
+        s = s.masked_fill(s > kth, float("-inf"))
+    return torch.multinomial(torch.softmax(s, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def sample_softmax_over_batch(logits, temperature=1.0, top_k=None, generator=None):
+    if temperature == 0:
+        return logits.argmax(-1)
+    s = logits / temperature
+    if top_k is not None:
+        kth = s.topk(top_k, dim=-1).values[:, -1:]
+        s = s.masked_fill(s < kth, float("-inf"))
+    p = torch.softmax(s, dim=0)
+    return torch.multinomial(p, 1, generator=generator).squeeze(-1)
+
+
+def sample_always_greedy(logits, temperature=1.0, top_k=None, generator=None):
+    return logits.argmax(-1)
+
+
+def sample_greedy_argmin(logits, temperature=1.0, top_k=None, generator=None):
+    if temperature == 0:
+        return logits.argmin(-1)
+    return sample_top_k_plus_one(logits, temperature, top_k and top_k - 1, generator)
+
+
+SAMPLE_MISTAKES = (
+    Mistake("temperature after the softmax", sample_temperature_after_softmax,
+            "The temperature is applied after the softmax, where dividing the probabilities by T changes nothing "
+            "once they are renormalised: divide the logits by the temperature, then take the softmax."),
+    Mistake("logits multiplied by the temperature", sample_temperature_multiplied,
+            "The logits are multiplied by the temperature: divide them (logits / temperature), so that a high "
+            "temperature flattens the distribution."),
+    Mistake("top-k keeps k-1 tokens", sample_top_k_minus_one,
+            "Your top-k keeps k-1 tokens: keep every logit ≥ the k-th largest (torch.topk(logits, k).values[:, -1:])."),
+    Mistake("top-k keeps k+1 tokens", sample_top_k_plus_one,
+            "Your top-k keeps k+1 tokens: the threshold is the k-th largest logit, torch.topk(logits, k).values[:, -1:] "
+            "(index k-1, not k)."),
+    Mistake("top-k ignored", sample_top_k_ignored,
+            "top_k has no effect: set every logit below the k-th largest to -inf before the softmax."),
+    Mistake("top-k keeps the smallest", sample_top_k_smallest,
+            "Your top-k keeps the k smallest logits: keep the k largest."),
+    Mistake("softmax over the batch", sample_softmax_over_batch,
+            "The softmax runs over the batch axis: each row is its own distribution, use dim=-1."),
+    Mistake("always greedy", sample_always_greedy,
+            "You always return the argmax: for temperature > 0, draw from softmax(logits / temperature) "
+            "with torch.multinomial."),
+)
+
+
+def _sample_spec() -> ItemSpec:
+    return ItemSpec(
+        name="sample_next_token",
+        reference=ref_sampling.sample_next_token,
+        mistakes=SAMPLE_MISTAKES,
+        subchecks=(
+            SubCheck("temperature 0 is greedy (argmax of each row)", 1,
+                     compare_cases(_greedy_case([LOGITS_A, LOGITS_B, [0.0, 1.0, -1.0, 5.0, 4.0, 0.0]]))),
+            SubCheck(f"frequencies over {N_DRAWS} draws match softmax(logits / T) at T = 1 and T = 0.5", 1,
+                     _sample_distribution(_SampleCase([LOGITS_A], 1.0, None, 1), _SampleCase([LOGITS_A], 0.5, None, 2))),
+            SubCheck("top_k = 3 draws only the 3 most likely tokens, in the right proportions", 1,
+                     _sample_distribution(_SampleCase([LOGITS_A], 1.0, 3, 3))),
+            SubCheck("several different rows in one batch, T = 2, top_k = 2 and 4, float64, greedy ties", 1,
+                     lambda t: (_sample_distribution(_SampleCase([LOGITS_A, LOGITS_B], 2.0, None, 4, f64),
+                                                     _SampleCase([LOGITS_B, LOGITS_A], 0.7, 2, 6),
+                                                     _SampleCase([LOGITS_A, LOGITS_B], 1.5, 4, 7, f64))(t),
+                                t.compare([_greedy_case([LOGITS_B, LOGITS_A], f64)])), hidden=True),
+            SubCheck("top_k ≥ V keeps every token; the generator makes draws reproducible", 1,
+                     lambda t: (_sample_distribution(_SampleCase([LOGITS_B], 1.0, 6, 8))(t), _sample_generator(t)),
+                     hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# generate
+# ---------------------------------------------------------------------------
+
+
+class ContextSumModel(nn.Module):
+    """A 'language model' whose greedy next token is the sum of every token it is shown,
+    mod V: the answer depends on exactly how much context the model is fed. It accepts
+    any length, so feeding it more than ``block_size`` tokens is visible in its output."""
+
+    def __init__(self, vocab_size: int, block_size: int) -> None:
+        super().__init__()
+        self.vocab_size, self.block_size = vocab_size, block_size
+
+    def forward(self, idx: Tensor) -> Tensor:
+        s = idx.cumsum(dim=1) % self.vocab_size  # (B, T)
+        return 5.0 * F.one_hot(s, self.vocab_size).float() + 0.1 * torch.arange(self.vocab_size, device=idx.device)
+
+
+def _gen_case(kind: str, B: int, T: int, new: int, block: int, seed: int, **extra) -> Case:
+    def make(device):
+        g = torch.Generator().manual_seed(seed)
+        if kind == "sum":
+            model = ContextSumModel(11, block)
+            idx = torch.randint(0, 11, (B, T), generator=g)
+        else:
+            with unwatched():
+                torch.manual_seed(seed)
+                model = ref_gpt.GPT(vocab_size=13, block_size=block, d_model=16, n_layer=2, num_heads=2)
+            idx = torch.randint(0, 13, (B, T), generator=g)
+        model = model.to(device).eval()
+        return {"model": model, "idx": idx.to(device), "max_new_tokens": new, "temperature": 0.0, **extra}
+
+    what = "a model that predicts the sum of its context mod 11" if kind == "sum" else "a small GPT (13 tokens)"
+    more = "".join(f", {k}={v}" for k, v in extra.items())
+    return Case(f"{what} with block_size={block}, idx ({B}, {T}), max_new_tokens={new}, temperature=0{more}", make)
+
+
+def _greedy_next(model, context):
+    return model(context)[:, -1, :].argmax(-1)
+
+
+def _gen_loop(crop):
+    def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                context = crop(idx, model.block_size)
+                idx = torch.cat([idx, _greedy_next(model, context)[:, None]], dim=1)
+        return idx
+
+    return generate
+
+
+generate_no_crop = _gen_loop(lambda idx, n: idx)
+generate_keep_first = _gen_loop(lambda idx, n: idx[:, :n])
+generate_crop_one_short = _gen_loop(lambda idx, n: idx[:, -(n - 1):])
+
+
+def generate_first_position(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            nxt = model(idx[:, -model.block_size:])[:, 0, :].argmax(-1)
+            idx = torch.cat([idx, nxt[:, None]], dim=1)
+    return idx
+
+
+def generate_new_only(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    return _gen_loop(lambda i, n: i[:, -n:])(model, idx, max_new_tokens)[:, idx.size(1):]
+
+
+GENERATE_MISTAKES = (
+    Mistake("context not cropped", generate_no_crop,
+            "The context is not cropped: the model only knows block_size positions, so feed it "
+            "idx[:, -model.block_size:], the most recent block_size tokens."),
+    Mistake("keeps the first tokens", generate_keep_first,
+            "You crop to the first block_size tokens: keep the most recent ones, idx[:, -model.block_size:]."),
+    Mistake("crops one token too many", generate_crop_one_short,
+            "You crop to block_size - 1 tokens: the model can take block_size, idx[:, -model.block_size:]."),
+    Mistake("first position's logits", generate_first_position,
+            "The next token comes from the logits of the first position: use the last one, logits[:, -1, :]."),
+    Mistake("returns only the new tokens", generate_new_only,
+            "Return the whole sequence, the prompt followed by the new tokens: shape (B, T + max_new_tokens)."),
+)
+
+
+def _generate_spec() -> ItemSpec:
+    return ItemSpec(
+        name="generate",
+        reference=ref_sampling.generate,
+        mistakes=GENERATE_MISTAKES,
+        subchecks=(
+            SubCheck("greedy generation while the sequence fits in the block", 1,
+                     compare_cases(_gen_case("sum", 2, 3, 4, 8, 900))),
+            SubCheck("greedy generation past the block size (the context is cropped)", 1,
+                     compare_cases(_gen_case("sum", 2, 5, 7, 6, 901))),
+            SubCheck("a small GPT past its block size; a batch of 3; max_new_tokens = 0; top_k passed on", 1,
+                     compare_cases(_gen_case("gpt", 3, 4, 6, 6, 902), _gen_case("sum", 1, 9, 3, 4, 903),
+                                   _gen_case("sum", 2, 3, 0, 4, 904), _gen_case("gpt", 2, 2, 4, 4, 905, top_k=1)),
+                     hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# gpt_parameter_count
+# ---------------------------------------------------------------------------
+
+
+def _count_case(n_layer, d_model, vocab_size, n_ctx, tied=None) -> Case:
+    kw = {"n_layer": n_layer, "d_model": d_model, "vocab_size": vocab_size, "n_ctx": n_ctx}
+    if tied is not None:
+        kw["tied"] = tied
+    label = ", ".join(f"{k}={v}" for k, v in kw.items())
+    return Case(label, lambda device: dict(kw))
+
+
+def _count(n_layer, d, V, n_ctx, tied, *, bias=True, ln=True, pos=True, ff=4, final_ln=True):
+    per = (4 * d if ln else 0) + 4 * d * d + ff * 2 * d * d + ((4 * d + ff * d + d) if bias else 0)
+    total = V * d + (n_ctx * d if pos else 0) + n_layer * per + (2 * d if ln and final_ln else 0)
+    return total + (0 if tied else V * d)
+
+
+def count_without_biases(n_layer, d_model, vocab_size, n_ctx, tied=True):
+    return _count(n_layer, d_model, vocab_size, n_ctx, tied, bias=False)
+
+
+def count_without_layernorms(n_layer, d_model, vocab_size, n_ctx, tied=True):
+    return _count(n_layer, d_model, vocab_size, n_ctx, tied, ln=False)
+
+
+def count_without_positions(n_layer, d_model, vocab_size, n_ctx, tied=True):
+    return _count(n_layer, d_model, vocab_size, n_ctx, tied, pos=False)
+
+
+def count_without_final_ln(n_layer, d_model, vocab_size, n_ctx, tied=True):
+    return _count(n_layer, d_model, vocab_size, n_ctx, tied, final_ln=False)
+
+
+def count_tied_ignored(n_layer, d_model, vocab_size, n_ctx, tied=True):
+    return _count(n_layer, d_model, vocab_size, n_ctx, False)
+
+
+def count_untied_ignored(n_layer, d_model, vocab_size, n_ctx, tied=True):
+    return _count(n_layer, d_model, vocab_size, n_ctx, True)
+
+
+def count_mlp_d_model(n_layer, d_model, vocab_size, n_ctx, tied=True):
+    return _count(n_layer, d_model, vocab_size, n_ctx, tied, ff=1)
+
+
+def count_twelve_d_squared(n_layer, d_model, vocab_size, n_ctx, tied=True):
+    return 12 * n_layer * d_model * d_model
+
+
+COUNT_MISTAKES = (
+    Mistake("no biases", count_without_biases,
+            "The biases are missing: every nn.Linear has one (attention: 4·d, MLP: 4·d + d per block)."),
+    Mistake("no LayerNorms", count_without_layernorms,
+            "The LayerNorms are missing: each has a weight and a bias of size d (two per block, 4·d, plus "
+            "2·d for the final ln_f)."),
+    Mistake("no position embeddings", count_without_positions,
+            "The position embeddings are missing: GPT learns one vector per position, n_ctx · d parameters."),
+    Mistake("no final LayerNorm", count_without_final_ln,
+            "The final LayerNorm (ln_f, 2·d parameters) after the last block is missing."),
+    Mistake("tied ignored", count_tied_ignored,
+            "With tied=True the output layer reuses the token embedding's matrix, so it adds no parameters."),
+    Mistake("untied output layer missing", count_untied_ignored,
+            "With tied=False the output layer is a separate vocab_size × d matrix (nn.Linear without bias): add it."),
+    Mistake("MLP of width d", count_mlp_d_model,
+            "The MLP's hidden layer has d_ff = 4·d units: its two matrices hold 8·d² parameters."),
+    Mistake("only 12·n_layer·d²", count_twelve_d_squared,
+            "12 · n_layer · d² is the usual approximation of the blocks' matrices only; the function should count "
+            "everything exactly: embeddings, biases and LayerNorms too."),
+)
+
+
+def _count_spec() -> ItemSpec:
+    return ItemSpec(
+        name="gpt_parameter_count",
+        reference=ref_gpt.gpt_parameter_count,
+        mistakes=COUNT_MISTAKES,
+        subchecks=(
+            SubCheck("a small model (n_layer=2, d_model=8, vocab_size=11, n_ctx=5)", 1,
+                     compare_cases(_count_case(2, 8, 11, 5))),
+            SubCheck("GPT-2 XL's hyper-parameters", 1, compare_cases(_count_case(48, 1600, 50257, 1024))),
+            SubCheck("untied output layer, GPT-3, and a model with no blocks", 1,
+                     compare_cases(_count_case(3, 6, 7, 10, tied=False), _count_case(96, 12288, 50257, 2048),
+                                   _count_case(0, 4, 9, 3, tied=True)), hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# few_shot_accuracy
+# ---------------------------------------------------------------------------
+
+
+class _Sampler:
+    """A GaussianClassTasks sampler that also counts its calls (to report misuse)."""
+
+    def __init__(self, n_classes: int = 4, dim: int = 6, noise: float = 0.8) -> None:
+        self.tasks = ref_icl.GaussianClassTasks(n_classes, dim, noise)
+
+    def __call__(self, batch_size, shots, generator=None):
+        with unwatched():
+            return self.tasks(batch_size, shots, generator)
+
+
+class _CentroidModel(nn.Module):
+    """The nearest-centroid rule as a model, with a learnable scale and input dropout:
+    in train mode its predictions change, and a gradient step would change ``scale``."""
+
+    def __init__(self, dim: int, n_classes: int, dropout: float) -> None:
+        super().__init__()
+        self.rule = ref_icl.NearestCentroid(dim, n_classes)
+        self.scale = nn.Parameter(torch.ones(()))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, prompts):
+        with unwatched():
+            last = self.rule(self.drop(prompts))[:, -1, :]
+        logits = torch.zeros(prompts.size(0), prompts.size(1), last.size(-1), dtype=last.dtype, device=last.device)
+        logits[:, -1] = self.scale * last  # only the query position predicts
+        return logits
+
+
+def _few_shot_case(seed: int, shots: tuple, n_eval: int, dropout: float, training: bool) -> Case:
+    def make(device):
+        torch.manual_seed(seed)
+        model = _CentroidModel(6, 4, dropout)
+        model.train(training)
+        return {"model": model, "task_sampler": _Sampler(), "shots": list(shots), "n_eval": n_eval,
+                "generator": torch.Generator().manual_seed(seed)}
+
+    mode = "in train mode with dropout 0.5" if training else "in eval mode"
+    return Case(f"a nearest-centroid model {mode}, shots={list(shots)}, n_eval={n_eval}", make)
+
+
+def _describe_accuracy(expected: dict, got) -> str | None:
+    if not isinstance(got, dict):
+        return f"the result should be a dict {{shots: accuracy}}, got a {type(got).__name__}."
+    if list(got.keys()) != list(expected.keys()):
+        return f"the keys should be the numbers of shots {list(expected)} (in order), got {list(got)}."
+    for k, e in expected.items():
+        g = got[k]
+        if isinstance(g, Tensor):
+            return f"the accuracy for {k} shots is a tensor: return a Python float (.item())."
+        if not isinstance(g, float):
+            return f"the accuracy for {k} shots should be a float, got {type(g).__name__}."
+        if abs(g - e) > 1e-6:
+            return f"the accuracy for {k} shots should be {e:.4f}, got {fmt_num(g)}."
+    return None
+
+
+def _accuracy_hint(trial, case: Case, got, expected) -> str | None:
+    for mistake in trial.spec.mistakes:
+        wrong = trial.mistake_output(mistake.impl, case.make(trial.device))
+        if wrong is None or _describe_accuracy(expected, wrong) is None:
+            continue
+        if _describe_accuracy(wrong, got) is None:
+            return mistake.hint
+    return None
+
+
+def _compare_accuracy(*cases: Case):
+    def run(trial) -> None:
+        for case in cases:
+            expected = trial.reference(case.make(trial.device))
+            inputs = case.make(trial.device)
+            got = trial.student(inputs, case.label)
+            problem = _describe_accuracy(expected, got)
+            if problem is None:
+                continue
+            message = f"On {case.label}: {problem}"
+            hint = _accuracy_hint(trial, case, got, expected)
+            if hint:
+                message += f"\nLikely cause: {hint}"
+            raise CheckFailed(message)
+
+    return run
+
+
+def _no_parameter_changes(trial) -> None:
+    case = _few_shot_case(950, (0, 2, 8), 64, 0.5, True)
+    inputs = case.make(trial.device)
+    model = inputs["model"]
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    trial.student(inputs, case.label)
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    if changed:
+        raise CheckFailed(
+            f"On {case.label}: the model's parameters changed ({', '.join(changed)}). {FINE_TUNES}"
+        )
+    if any(p.grad is not None for p in model.parameters()):
+        raise CheckFailed(f"On {case.label}: gradients were computed on the model's parameters: evaluate under torch.no_grad().")
+    if [p.requires_grad for p in model.parameters()] != flags:
+        raise CheckFailed(f"On {case.label}: requires_grad of the parameters was changed; leave the model as it was.")
+    if not model.training:
+        raise CheckFailed(f"On {case.label}: the model was left in eval mode; restore its train mode afterwards "
+                          "(model.train(was_training)).")
+
+
+def _accuracy_loop(model, task_sampler, shots, n_eval, generator, *, last=True, percent=False, eval_mode=True,
+                   train_step=False):
+    was = model.training
+    if eval_mode:
+        model.eval()
+    out = {}
+    for k in shots:
+        prompts, targets = task_sampler(n_eval, k, generator)
+        if train_step:
+            logits = model(prompts)[:, -1, :]
+            loss = F.cross_entropy(logits, targets)
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p -= 0.5 * p.grad
+                        p.grad = None
+        with torch.no_grad():
+            logits = model(prompts)
+        pred = logits[:, -1 if last else 0, :].argmax(-1)
+        acc = (pred == targets).float().mean().item()
+        out[k] = 100.0 * acc if percent else acc
+    model.train(was)
+    return out
+
+
+def accuracy_first_position(model, task_sampler, shots, n_eval, generator=None):
+    return _accuracy_loop(model, task_sampler, shots, n_eval, generator, last=False)
+
+
+def accuracy_percent(model, task_sampler, shots, n_eval, generator=None):
+    return _accuracy_loop(model, task_sampler, shots, n_eval, generator, percent=True)
+
+
+def accuracy_train_mode(model, task_sampler, shots, n_eval, generator=None):
+    return _accuracy_loop(model, task_sampler, shots, n_eval, generator, eval_mode=False)
+
+
+def accuracy_fine_tunes(model, task_sampler, shots, n_eval, generator=None):
+    return _accuracy_loop(model, task_sampler, shots, n_eval, generator, train_step=True)
+
+
+def accuracy_leaves_eval_mode(model, task_sampler, shots, n_eval, generator=None):
+    out = _accuracy_loop(model, task_sampler, shots, n_eval, generator)
+    model.eval()
+    return out
+
+
+FINE_TUNES = ("Your function updates the model's parameters: in-context learning uses no gradient updates; "
+              "evaluate under torch.no_grad() and never call an optimizer.")
+
+FEW_SHOT_MISTAKES = (
+    Mistake("first position", accuracy_first_position,
+            "The prediction is read at the first position: the query is the last token, use model(prompts)[:, -1]."),
+    Mistake("percentages", accuracy_percent, "Return accuracies as fractions in [0, 1], not percentages."),
+    Mistake("train mode", accuracy_train_mode,
+            "The model is evaluated in train mode, so dropout is still active: call model.eval() first "
+            "(and restore the previous mode afterwards)."),
+    Mistake("fine-tunes on the prompts", accuracy_fine_tunes, FINE_TUNES),
+    Mistake("leaves the model in eval mode", accuracy_leaves_eval_mode,
+            "the model was left in eval mode; restore its train mode afterwards"),
+)
+
+
+def _few_shot_spec() -> ItemSpec:
+    visible = _few_shot_case(940, (0, 1, 4), 200, 0.0, False)
+    hidden = (_few_shot_case(941, (8, 0, 2), 300, 0.0, False), _few_shot_case(942, (1, 4), 300, 0.5, True))
+    return ItemSpec(
+        name="few_shot_accuracy",
+        reference=ref_icl.few_shot_accuracy,
+        mistakes=FEW_SHOT_MISTAKES,
+        subchecks=(
+            SubCheck("matches the reference on a nearest-centroid model, shots 0, 1, 4", 1, _compare_accuracy(visible)),
+            SubCheck("shots in any order; a model with dropout in train mode is evaluated in eval mode", 1,
+                     _compare_accuracy(*hidden), hidden=True),
+            SubCheck("no parameter changes, no gradients, train mode restored", 1, _no_parameter_changes, hidden=True),
+        ),
+    )
+
+
+SPECS = {
+    spec.name: spec
+    for spec in (_block_spec(), _sample_spec(), _generate_spec(), _count_spec(), _few_shot_spec())
+}

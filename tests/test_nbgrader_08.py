@@ -1,0 +1,108 @@
+"""Notebook 08 graded end to end by the real nbgrader: generate the assignment, submit
+a correct notebook, the released stubs, two notebooks with three catalogued mistakes
+each, a call to the reference and a syntax error; autograde; check exact scores and
+that the feedback names each mistake."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+
+from nbtools import Course, replace_solution, solution_sources, text
+
+pytestmark = pytest.mark.slow
+
+A = "08_gpt_in_context_learning"
+SOL = solution_sources(A)
+
+
+def _changed(item: str, old: str, new: str) -> str:
+    source = SOL[item]
+    assert old in source, f"{old!r} not in the solution of {item}"
+    return source.replace(old, new)
+
+
+DIAGONAL_EXCLUDED = _changed("GPTBlock", ".tril()", ".tril(-1)")
+TEMPERATURE_AFTER_SOFTMAX = _changed("sample_next_token", "    logits = logits / temperature\n", "").replace(
+    "probs = torch.softmax(logits, dim=-1)", "probs = torch.softmax(logits, dim=-1) / temperature")
+NO_POSITION_EMBEDDINGS = _changed("gpt_parameter_count", "vocab_size * d + n_ctx * d +", "vocab_size * d +")
+TOP_K_PLUS_ONE = _changed("sample_next_token", "min(top_k, logits.size(-1))", "min(top_k + 1, logits.size(-1))")
+NOT_CROPPED = _changed("generate", "context = idx[:, -model.block_size:]", "context = idx")
+PERCENT = _changed("few_shot_accuracy", ".float().mean().item()", ".float().mean().item() * 100")
+CALLS_REFERENCE = '''
+from course_lib.sampling import generate as _generate
+
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    return _generate(model, idx, max_new_tokens, temperature, top_k, generator)
+'''
+SYNTAX_ERROR = "def gpt_parameter_count(n_layer, d_model, vocab_size, n_ctx, tied=True)\n    return 0\n"
+
+ITEMS = ("GPTBlock", "sample_next_token", "generate", "gpt_parameter_count", "few_shot_accuracy")
+
+# student -> (cells that differ from the correct answers, expected points per test cell,
+#             fragments the feedback must show)
+SUBMISSIONS = {
+    "correct": ({}, (5, 5, 3, 3, 3), ()),
+    "stubs": (None, (0, 0, 0, 0, 0), ("still contains the stub",)),
+    "mistakes_a": ({"GPTBlock": DIAGONAL_EXCLUDED, "sample_next_token": TEMPERATURE_AFTER_SOFTMAX,
+                    "gpt_parameter_count": NO_POSITION_EMBEDDINGS}, (3, 3, 3, 0, 3),
+                   ("Your causal mask excludes the diagonal", "The temperature is applied after the softmax",
+                    "The position embeddings are missing")),
+    "mistakes_b": ({"sample_next_token": TOP_K_PLUS_ONE, "generate": NOT_CROPPED, "few_shot_accuracy": PERCENT},
+                   (5, 3, 1, 3, 1),
+                   ("Your top-k keeps k+1 tokens", "The context is not cropped",
+                    "Return accuracies as fractions in [0, 1], not percentages.")),
+    "calls_reference": ({"generate": CALLS_REFERENCE}, (5, 5, 0, 3, 3), ("the course's reference for this item",)),
+    "syntax_error": ({"gpt_parameter_count": SYNTAX_ERROR}, (5, 5, 3, 0, 3), ("NameError",)),
+}
+
+
+@pytest.fixture(scope="module")
+def graded():
+    course = Course([A])
+    try:
+        course.generate(A)
+        released = course.released(A)
+        for student, (cells, _, _) in SUBMISSIONS.items():
+            nb = released
+            if cells is not None:  # every submission but the stubs starts from the correct answers
+                for gid, source in {**SOL, **cells}.items():
+                    nb = replace_solution(nb, gid, source)
+            course.submit(student, A, nb)
+        course.autograde(A)
+        course.generate_feedback(A)
+        yield course, course.scores(A)
+    finally:
+        course.close()
+
+
+@pytest.mark.parametrize("student", SUBMISSIONS)
+def test_exact_scores(graded, student):
+    course, scores = graded
+    expected = SUBMISSIONS[student][1]
+    got = tuple(scores[student][f"test_{item}"] for item in ITEMS)
+    assert got == expected, f"{student}: {dict(zip(ITEMS, got))}"
+    assert scores[student]["code"] == sum(expected)
+
+
+@pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
+def test_feedback_names_the_mistakes(graded, student):
+    course, _ = graded
+    page = html.unescape(course.feedback_html(student, A))
+    for fragment in SUBMISSIONS[student][2]:
+        assert fragment in page, f"feedback for {student} does not say {fragment!r}"
+
+
+def test_graded_test_cells_print_reports_not_tracebacks(graded):
+    course, _ = graded
+    nb = course.autograded("mistakes_b", A)
+    seen = 0
+    for c in nb.cells:
+        gid = c.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        if gid in ("test_sample_next_token", "test_generate", "test_few_shot_accuracy"):
+            out = text(c)
+            assert "Likely cause:" in out and "Traceback" not in out, out
+            assert not any(o.output_type == "error" for o in c.outputs)
+            seen += 1
+    assert seen == 3
