@@ -34,3 +34,5 @@ c.IgnorePattern.pattern = (
 # Per-cell time limit while autograding (nbgrader's default of 30 s is too short for
 # the cells that train a model).
 c.Execute.timeout = 300
+# Starting a kernel and importing torch can take a while on a busy machine.
+c.Execute.startup_timeout = 180
