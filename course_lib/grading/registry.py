@@ -15,6 +15,8 @@ __all__ = ["ITEM_MODULES", "all_specs", "get_spec"]
 
 ITEM_MODULES = (
     "course_lib.grading.items.self_attention",
+    "course_lib.grading.items.multihead",
+    "course_lib.grading.items.positional",
 )
 
 

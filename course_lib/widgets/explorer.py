@@ -1,33 +1,52 @@
-"""The attention explorer: look at attention weights while changing the mask and the
-temperature live.
+"""The attention explorer: look at attention weights while changing the mask, the
+temperature and the heads live.
 
-The logic is plain functions (``build_mask``, ``apply_temperature``) and a small
-class whose state (``explorer.weights``, ``explorer.mask``) can be read in tests
-without a browser; the widgets only set that state.
+Two ways to feed it:
 
-``attend(mask)`` is any callable that runs a model on fixed inputs with a boolean
-``(T, T)`` mask (or ``None``) and returns its attention weights ``(..., T, T)``;
-leading axes (batch, heads) are reduced by taking index 0.
+- ``AttentionExplorer(tokens, attend)``: ``attend(mask)`` is any callable that runs a model
+  on fixed inputs with a boolean ``(T, T)`` mask (or ``None``) and returns its attention
+  weights ``(..., T, T)`` (one layer; a head axis before ``(T, T)`` is kept, a batch axis
+  before that reduced by taking index 0). The temperature is applied to these weights.
+- ``AttentionExplorer(tokens, ModelSource(model, run, describe))``: a whole model. The
+  explorer finds its attention modules (course_lib's or a student's: anything with a
+  ``w_q`` projection that returns ``(output, weights)``), records their weights with forward
+  hooks, divides every attention logit by the temperature *inside* the model (by scaling
+  the queries), switches heads off (``ablate_heads``), and shows the model's prediction
+  (``describe(output)``), which changes with the mask, the temperature and the ablations.
+
+The logic is plain functions and small classes whose state (``explorer.weights``,
+``explorer.prediction``, ``explorer.mask``, ``explorer.png``) can be read in tests without
+a browser; the widgets only set that state. Everything renders to PNG inside an
+``ipywidgets.Output``, so nothing is fetched from the network (works offline in JupyterLab 4).
 """
 
 from __future__ import annotations
 
+import contextlib
+import html
 import io
 import time
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..attention import causal_mask, sliding_window_mask
+from ..multihead import ablate_heads
 from ..plotting import to_numpy
 
-__all__ = ["MASK_MODES", "build_mask", "apply_temperature", "AttentionExplorer"]
+__all__ = [
+    "MASK_MODES", "ALL_HEADS", "build_mask", "apply_temperature", "find_attention_modules",
+    "capture_attention", "logit_temperature", "Snapshot", "ModelSource", "AttentionExplorer",
+    "describe_tokens",
+]
 
 MASK_MODES = ("none", "causal", "padding", "sliding window")
+ALL_HEADS = "all heads"
 
 
 def build_mask(mode: str, T: int, length: int | None = None, window: int | None = None) -> Tensor | None:
@@ -68,18 +87,188 @@ def apply_temperature(weights: Tensor, temperature: float) -> Tensor:
     return w.to(weights.dtype)
 
 
-class AttentionExplorer:
-    """Heatmap of one head's attention with live mask and temperature controls.
+# ---------------------------------------------------------------------------
+# Looking inside a model
+# ---------------------------------------------------------------------------
 
-    ``AttentionExplorer(tokens, attend)`` then display it (it is the cell's last
-    expression). State for tests: ``weights`` (NumPy ``(T, T)``, what is plotted),
-    ``mask``, ``png`` (the rendered image) and ``last_update_seconds``.
+def find_attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's attention layers, in order: ``model.attention_modules()`` if it has it,
+    else every outermost submodule with a ``w_q`` projection (the course's convention)."""
+    if hasattr(model, "attention_modules"):
+        return list(model.attention_modules())
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        inside = any(name.startswith(outer + ".") for outer, _ in found if outer)
+        if isinstance(getattr(module, "w_q", None), nn.Module) and not inside:
+            found.append((name, module))
+    if not found:
+        raise ValueError("no attention module found: expected submodules with a `w_q` projection")
+    return [module for _, module in found]
+
+
+@contextlib.contextmanager
+def capture_attention(modules: Sequence[nn.Module]) -> Iterator[list[Tensor | None]]:
+    """Record the weights each module returns (its output ``(out, weights)``) while in the block.
+
+    Yields a list with one entry per module (the weights of its last call, ``None`` if it
+    was not called); single-head weights ``(B, T_q, T_k)`` get a head axis ``(B, 1, T_q, T_k)``.
+    """
+    record: list[Tensor | None] = [None] * len(modules)
+    handles = []
+    for i, module in enumerate(modules):
+        def hook(mod, args, output, i=i):
+            if not isinstance(output, tuple) or len(output) < 2 or not isinstance(output[1], Tensor):
+                raise TypeError(f"attention module {type(mod).__name__} must return (output, weights)")
+            w = output[1].detach()
+            record[i] = w.unsqueeze(1) if w.dim() == 3 else w
+        handles.append(module.register_forward_hook(hook))
+    try:
+        yield record
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def logit_temperature(modules: Sequence[nn.Module], temperature: float) -> Iterator[None]:
+    """Divide the attention logits of ``modules`` by ``temperature`` inside the block.
+
+    Attention logits are linear in the queries (``q·k``, ``q·(k + a)``, rotated ``q``...), so
+    scaling the output of each module's ``w_q`` by ``1/τ`` divides every logit by ``τ``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    handles = []
+    if temperature != 1.0:
+        for module in modules:
+            w_q = getattr(module, "w_q", None)
+            if not isinstance(w_q, nn.Module):
+                raise TypeError(f"{type(module).__name__} has no `w_q` projection to scale")
+            handles.append(w_q.register_forward_hook(lambda mod, args, out: out / temperature))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _zero_output(module: nn.Module) -> Iterator[None]:
+    """Single-head attention switched off: its output (not its weights) becomes 0."""
+    handle = module.register_forward_hook(lambda mod, args, out: (torch.zeros_like(out[0]),) + tuple(out[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@dataclass
+class Snapshot:
+    """What the explorer shows: per layer the weights ``(H, T_q, T_k)`` of one sequence, and
+    the model's prediction in words (``None`` without a model)."""
+
+    weights: list[Tensor]
+    prediction: str | None = None
+
+
+class ModelSource:
+    """A model on fixed inputs, for the explorer.
+
+    ``run(model, mask)`` runs the model (mask: boolean ``(T, T)`` or ``None``) and returns
+    its output; ``describe(output)`` turns the output into a short text (HTML allowed),
+    e.g. the predicted tokens and their accuracy. The first sequence of the batch is shown.
     """
 
-    def __init__(self, tokens: Sequence[str], attend: Callable[[Tensor | None], Tensor],
-                 title: str = "attention") -> None:
-        self.tokens = list(tokens)
+    def __init__(self, model: nn.Module, run: Callable[[nn.Module, Tensor | None], Any],
+                 describe: Callable[[Any], str] | None = None) -> None:
+        self.model = model
+        self.run = run
+        self.describe = describe
+        self.modules = find_attention_modules(model)
+
+    def num_heads(self, layer: int) -> int:
+        return int(getattr(self.modules[layer], "num_heads", 1))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.modules)
+
+    def __call__(self, mask: Tensor | None, temperature: float = 1.0,
+                 ablated: dict[int, Sequence[int]] | None = None) -> Snapshot:
+        was_training = self.model.training
+        self.model.eval()
+        with contextlib.ExitStack() as stack:
+            for layer, heads in (ablated or {}).items():
+                heads = sorted(heads)
+                if not heads:
+                    continue
+                module = self.modules[layer]
+                if self.num_heads(layer) == 1 and not hasattr(module, "w_o"):
+                    stack.enter_context(_zero_output(module))
+                else:
+                    stack.enter_context(ablate_heads(module, heads))
+            stack.enter_context(logit_temperature(self.modules, temperature))
+            record = stack.enter_context(capture_attention(self.modules))
+            with torch.no_grad():
+                output = self.run(self.model, mask)
+        self.model.train(was_training)
+        missing = [i for i, w in enumerate(record) if w is None]
+        if missing:
+            raise RuntimeError(f"attention layers {missing} were not called by run(model, mask)")
+        prediction = self.describe(output) if self.describe else None
+        return Snapshot([w[0] for w in record], prediction)
+
+
+class _CallableSource:
+    """``attend(mask) -> weights (..., T, T)`` as a one-layer source (temperature applied after)."""
+
+    def __init__(self, attend: Callable[[Tensor | None], Tensor]) -> None:
         self.attend = attend
+        self.num_layers = 1
+        self._heads = 1
+
+    def num_heads(self, layer: int) -> int:
+        return self._heads
+
+    def __call__(self, mask: Tensor | None, temperature: float = 1.0,
+                 ablated: dict[int, Sequence[int]] | None = None) -> Snapshot:
+        with torch.no_grad():
+            w = self.attend(mask)
+        while w.dim() > 4:  # extra leading axes: take index 0
+            w = w[0]
+        if w.dim() == 4:  # (B, H, T, T): first sequence, every head
+            w = w[0]
+        elif w.dim() == 3:  # (B, T, T): first sequence, one head
+            w = w[:1]
+        else:
+            w = w.unsqueeze(0)
+        self._heads = w.size(0)
+        return Snapshot([apply_temperature(w, temperature)])
+
+
+# ---------------------------------------------------------------------------
+# The widget
+# ---------------------------------------------------------------------------
+
+class AttentionExplorer:
+    """Heatmaps of attention with live controls.
+
+    ``AttentionExplorer(tokens, source)`` then display it (it is the cell's last expression).
+    ``source`` is a callable ``attend(mask)`` returning weights ``(T, T)``, ``(B, T, T)`` or
+    ``(B, H, T, T)`` (the first sequence is shown), or a :class:`ModelSource`. Controls: layer,
+    head (or all heads as a grid), mask mode with its length / width slider, temperature on
+    the logits, and one checkbox per head to switch it off (model sources only).
+
+    State for tests: ``weights`` (NumPy: ``(T, T)`` for one head, ``(H, T, T)`` for the grid;
+    what is plotted), ``snapshot`` (all layers), ``prediction`` (the text shown), ``mask``,
+    ``png`` (the rendered image) and ``last_update_seconds``.
+    """
+
+    def __init__(self, tokens: Sequence[str], attend: Callable[[Tensor | None], Tensor] | ModelSource,
+                 title: str = "attention", query_tokens: Sequence[str] | None = None) -> None:
+        self.tokens = [str(t) for t in tokens]
+        self.query_tokens = [str(t) for t in query_tokens] if query_tokens is not None else self.tokens
+        self.source = attend if isinstance(attend, ModelSource) else _CallableSource(attend)
         self.title = title
         T = len(self.tokens)
         style = {"description_width": "initial"}
@@ -88,51 +277,129 @@ class AttentionExplorer:
         self.window = widgets.IntSlider(value=min(3, T), min=1, max=T, description="window width", style=style)
         self.temperature = widgets.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.05,
                                                   description="temperature", style=style)
+        self.layer = widgets.Dropdown(options=list(range(self.source.num_layers)), value=0,
+                                      description="layer", style=style)
+        self.head = widgets.Dropdown(options=[0], value=0, description="head", style=style)
+        self.ablation = widgets.HBox([])
+        self.ablate: dict[int, list[widgets.Checkbox]] = {}
+        self.prediction_box = widgets.HTML(value="")
         self.output = widgets.Output()
-        self.fig, self.ax = plt.subplots(figsize=(0.42 * T + 3, 0.42 * T + 1.6))
-        plt.close(self.fig)  # shown through the Output widget only
-        self.image = self.ax.imshow(np.zeros((T, T)), cmap="viridis", vmin=0, vmax=1, aspect="auto")
-        self.ax.set_xticks(range(T), self.tokens, rotation=60, ha="right")
-        self.ax.set_yticks(range(T), self.tokens)
-        self.ax.set_xlabel("key (attended to)")
-        self.ax.set_ylabel("query (attending)")
-        self.fig.colorbar(self.image, ax=self.ax, fraction=0.046, pad=0.04, label="weight")
-        self.fig.tight_layout()
-        self.weights = np.zeros((T, T))
         self.mask: Tensor | None = None
+        self.snapshot: Snapshot | None = None
+        self.prediction: str | None = None
+        self.weights = np.zeros((T, T))
+        self.png = b""
         self.last_update_seconds = 0.0
-        for control in (self.mode, self.length, self.window, self.temperature):
+        self._figures: dict[tuple, tuple] = {}
+        self._updating = False
+        if isinstance(self.source, ModelSource):
+            for layer in range(self.source.num_layers):
+                self.ablate[layer] = [widgets.Checkbox(value=False, description=f"switch off L{layer} H{h}",
+                                                       indent=False, layout=widgets.Layout(width="auto"))
+                                      for h in range(self.source.num_heads(layer))]
+                for box in self.ablate[layer]:
+                    box.observe(lambda change: self.update(), names="value")
+        self._refresh_head_options(first=True)
+        for control in (self.mode, self.length, self.window, self.temperature, self.head):
             control.observe(lambda change: self.update(), names="value")
+        self.layer.observe(lambda change: (self._refresh_head_options(), self.update()), names="value")
         self.update()
+
+    # -- controls --------------------------------------------------------
+    def _refresh_head_options(self, first: bool = False) -> None:
+        H = self.source.num_heads(self.layer.value)
+        options = list(range(H)) + ([ALL_HEADS] if H > 1 else [])
+        self._updating = True
+        try:
+            keep = self.head.value if self.head.value in options and not first else (ALL_HEADS if H > 1 else 0)
+            self.head.options = options
+            self.head.value = keep
+        finally:
+            self._updating = False
+        self.ablation.children = tuple(self.ablate.get(self.layer.value, []))
+
+    def ablated(self) -> dict[int, list[int]]:
+        """``{layer: [heads switched off]}`` from the checkboxes."""
+        return {layer: [h for h, box in enumerate(boxes) if box.value] for layer, boxes in self.ablate.items()}
 
     @property
     def widget(self) -> widgets.Widget:
-        controls = widgets.HBox([self.mode, self.length, self.window, self.temperature])
-        return widgets.VBox([controls, self.output])
+        rows = [widgets.HBox([self.layer, self.head, self.mode, self.length, self.window]),
+                widgets.HBox([self.temperature])]
+        if self.ablate:
+            rows.append(self.ablation)
+            rows.append(self.prediction_box)
+        return widgets.VBox(rows + [self.output])
 
+    # -- computing and drawing --------------------------------------------
     def update(self) -> None:
-        """Recompute the weights for the current controls and redraw."""
+        """Recompute the weights (and prediction) for the current controls and redraw."""
+        if self._updating:
+            return
         start = time.perf_counter()
         T = len(self.tokens)
         self.length.disabled = self.mode.value != "padding"
         self.window.disabled = self.mode.value != "sliding window"
         self.mask = build_mask(self.mode.value, T, self.length.value, self.window.value)
-        with torch.no_grad():
-            w = self.attend(self.mask)
-        while w.dim() > 2:
-            w = w[0]
-        w = apply_temperature(w, float(self.temperature.value))
-        self.weights = to_numpy(w)
-        self.image.set_data(self.weights)
-        self.ax.set_title(f"{self.title} — mask: {self.mode.value}, temperature {self.temperature.value:.2g}")
-        self.png = self._render_png()
+        self.snapshot = self.source(self.mask, float(self.temperature.value), self.ablated())
+        layer_weights = self.snapshot.weights[self.layer.value]  # (H, T_q, T_k)
+        grid = self.head.value == ALL_HEADS
+        self.weights = to_numpy(layer_weights if grid else layer_weights[self.head.value])
+        self.prediction = self.snapshot.prediction
+        if self.prediction is not None:
+            self.prediction_box.value = self.prediction
+        self._draw(grid)
         self._show()
         self.last_update_seconds = time.perf_counter() - start
 
-    def _render_png(self) -> bytes:
+    def _heads_label(self) -> str:
+        off = self.ablated().get(self.layer.value, [])
+        return f", heads off: {off}" if off else ""
+
+    def _figure(self, n_panels: int) -> tuple:
+        """A cached figure with ``n_panels`` heatmaps and one colour bar."""
+        key = (n_panels,)
+        if key not in self._figures:
+            T_q, T_k = len(self.query_tokens), len(self.tokens)
+            cols = min(n_panels, 4)
+            rows = -(-n_panels // cols)
+            size = 0.26 * max(T_k, 8) + 1.2
+            fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.0, (0.26 * max(T_q, 8) + 1.2) * rows),
+                                     squeeze=False)
+            plt.close(fig)  # shown through the Output widget only
+            images = []
+            small = T_k > 16
+            for i, ax in enumerate(axes.flat):
+                if i >= n_panels:
+                    ax.axis("off")
+                    continue
+                image = ax.imshow(np.zeros((T_q, T_k)), cmap="viridis", vmin=0, vmax=1, aspect="auto",
+                                  interpolation="nearest")
+                ax.set_xticks(range(T_k), self.tokens, rotation=90, fontsize=6 if small else 8)
+                ax.set_yticks(range(T_q), self.query_tokens, fontsize=6 if small else 8)
+                if i % cols == 0:
+                    ax.set_ylabel("query (attending)")
+                if i >= n_panels - cols:
+                    ax.set_xlabel("key (attended to)")
+                images.append(image)
+            fig.colorbar(images[0], ax=axes.ravel().tolist(), fraction=0.03, pad=0.02, label="attention weight")
+            self._figures[key] = (fig, axes.flat[:n_panels], images)
+        return self._figures[key]
+
+    def _draw(self, grid: bool) -> None:
+        maps = self.weights if grid else self.weights[None]
+        fig, axes, images = self._figure(len(maps))
+        layer = self.layer.value
+        for h, (ax, image, w) in enumerate(zip(axes, images, maps)):
+            image.set_data(w)
+            head = h if grid else self.head.value
+            off = head in self.ablated().get(layer, [])
+            ax.set_title(f"layer {layer}, head {head}" + (" (off)" if off else ""), fontsize=9)
+        fig.suptitle(f"{self.title} — mask: {self.mode.value}, temperature {self.temperature.value:.2g}"
+                     f"{self._heads_label()}", fontsize=10)
         buffer = io.BytesIO()
-        self.fig.savefig(buffer, format="png", dpi=80)
-        return buffer.getvalue()
+        fig.savefig(buffer, format="png", dpi=72)
+        self.png = buffer.getvalue()
 
     def _show(self) -> None:
         try:
@@ -150,3 +417,21 @@ class AttentionExplorer:
         from IPython.display import display
 
         display(self.widget)
+
+
+def describe_tokens(predicted: Sequence[str], expected: Sequence[str] | None = None) -> str:
+    """HTML line for a prediction: predicted tokens, wrong ones in red, and the accuracy."""
+    if expected is None:
+        return "prediction: " + " ".join(html.escape(p) for p in predicted)
+    parts, right, n = [], 0, 0
+    for p, e in zip(predicted, expected):
+        if e == "":
+            parts.append("·")
+            continue
+        n += 1
+        ok = p == e
+        right += ok
+        parts.append(html.escape(p) if ok else f"<span style='color:#c00'>{html.escape(p)}</span>")
+    acc = f" — {right}/{n} correct" if n else ""
+    return "prediction: " + " ".join(parts) + acc
+

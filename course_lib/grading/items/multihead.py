@@ -1,0 +1,583 @@
+"""Check specs for notebook 04 (multi-head attention): split_heads, merge_heads,
+MultiHeadAttention, head_diversity_penalty and mha_parameter_count, with their
+mistake catalogues."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ... import multihead as ref
+from ..compare import describe_difference
+from ..properties import (
+    compare_cases, dtype_name, masked_keys_ignored, masked_weights_zero, module_invoke, randn,
+    weights_sum_to_one,
+)
+from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+
+f32, f64 = torch.float32, torch.float64
+
+# ---------------------------------------------------------------------------
+# split_heads / merge_heads
+# ---------------------------------------------------------------------------
+
+
+def _split_case(B: int, T: int, D: int, H: int, dtype: torch.dtype, seed: int | None = None) -> Case:
+    """x (B, T, D): arange values (easy to read back) unless a seed is given."""
+
+    def make(device: torch.device) -> dict:
+        if seed is None:
+            x = torch.arange(B * T * D, dtype=dtype, device=device).reshape(B, T, D)
+        else:
+            x = randn((B, T, D), seed, dtype, device)
+        return {"x": x, "num_heads": H}
+
+    values = "arange values" if seed is None else "random values"
+    return Case(f"x ({B}, {T}, {D}) {dtype_name(dtype)} with {values}, num_heads = {H}", make)
+
+
+def _merge_case(B: int, H: int, T: int, d_head: int, dtype: torch.dtype, seed: int | None = None) -> Case:
+    def make(device: torch.device) -> dict:
+        if seed is None:
+            x = torch.arange(B * H * T * d_head, dtype=dtype, device=device).reshape(B, H, T, d_head)
+        else:
+            x = randn((B, H, T, d_head), seed, dtype, device)
+        return {"x": x}
+
+    values = "arange values" if seed is None else "random values"
+    return Case(f"x ({B}, {H}, {T}, {d_head}) {dtype_name(dtype)} with {values}", make)
+
+
+def split_no_transpose(x, num_heads):
+    B, T, D = x.shape
+    return x.reshape(B, num_heads, T, D // num_heads)
+
+
+def split_strided(x, num_heads):
+    B, T, D = x.shape
+    return x.reshape(B, T, D // num_heads, num_heads).permute(0, 3, 1, 2)
+
+
+def split_head_axis_third(x, num_heads):
+    B, T, D = x.shape
+    return x.reshape(B, T, num_heads, D // num_heads)
+
+
+def split_head_size_as_count(x, num_heads):
+    B, T, D = x.shape
+    return x.reshape(B, T, D // num_heads, num_heads).transpose(1, 2)
+
+
+SPLIT_MISTAKES = (
+    Mistake("reshaped without transpose", split_no_transpose,
+            "You reshaped (B, T, D) straight to (B, H, T, D/H), which mixes features of different "
+            "positions into one head: reshape to (B, T, H, D/H) first, then .transpose(1, 2)."),
+    Mistake("head size and head count swapped", split_head_size_as_count,
+            "The shape comes out as (B, D/H, T, H): the head axis has size num_heads and each head "
+            "gets D/H features, so reshape to (B, T, num_heads, D // num_heads)."),
+    Mistake("strided features", split_strided,
+            "Head j should get the contiguous block of features j·D/H … (j+1)·D/H − 1, but yours "
+            "gets every H-th feature: reshape to (B, T, H, D/H), not (B, T, D/H, H)."),
+    Mistake("no transpose", split_head_axis_third,
+            "You returned (B, T, H, D/H): transpose(1, 2) so that the head axis comes second, (B, H, T, D/H)."),
+)
+
+
+def merge_no_transpose(x):
+    B, H, T, d = x.shape
+    return x.reshape(B, T, H * d)
+
+
+def merge_strided(x):
+    B, H, T, d = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, T, H * d)
+
+
+def merge_mean(x):
+    return x.mean(dim=1)
+
+
+MERGE_MISTAKES = (
+    Mistake("reshaped without transpose", merge_no_transpose,
+            "You reshaped (B, H, T, d) straight to (B, T, H·d), which mixes positions: "
+            ".transpose(1, 2) back to (B, T, H, d) first, then reshape to (B, T, H·d)."),
+    Mistake("strided features", merge_strided,
+            "The heads are interleaved feature by feature: head j must fill the contiguous block "
+            "j·d … (j+1)·d − 1, so transpose(1, 2) to (B, T, H, d) and then reshape."),
+    Mistake("heads averaged", merge_mean,
+            "You averaged the heads: merge_heads concatenates them, giving (B, T, H·d)."),
+)
+
+
+def _roundtrip(trial) -> None:
+    """merge_heads(split_heads(x)) gives back x (runs the reference split on student merge)."""
+    case = _split_case(2, 3, 12, 3, f64, seed=5)
+    x = case.make(trial.device)["x"]
+    heads = ref.split_heads(x, 3)
+    back = trial.student({"x": heads}, f"split_heads(x) of {case.label}")
+    problem = describe_difference(x, back, what="merge_heads(split_heads(x))")
+    if problem:
+        raise CheckFailed(f"merge_heads should undo split_heads, but {problem}")
+
+
+def _split_spec() -> ItemSpec:
+    return ItemSpec(
+        name="split_heads",
+        reference=ref.split_heads,
+        mistakes=SPLIT_MISTAKES,
+        subchecks=(
+            SubCheck("split_heads(x (1, 2, 4), num_heads=2) matches the reference", 1,
+                     compare_cases(_split_case(1, 2, 4, 2, f32))),
+            SubCheck("a random batch (2, 5, 8) with 4 heads", 1, compare_cases(_split_case(2, 5, 8, 4, f32, seed=1))),
+            SubCheck("other shapes and dtypes: one head, one feature per head, T = 1, float64", 1,
+                     compare_cases(_split_case(3, 4, 6, 1, f64, seed=2), _split_case(2, 3, 6, 6, f32, seed=3),
+                                   _split_case(1, 1, 8, 2, f64, seed=4), _split_case(2, 7, 12, 3, f64, seed=6)),
+                     hidden=True),
+        ),
+    )
+
+
+def _merge_spec() -> ItemSpec:
+    return ItemSpec(
+        name="merge_heads",
+        reference=ref.merge_heads,
+        mistakes=MERGE_MISTAKES,
+        subchecks=(
+            SubCheck("merge_heads(x (1, 2, 2, 2)) matches the reference", 1, compare_cases(_merge_case(1, 2, 2, 2, f32))),
+            SubCheck("a random batch (2, 4, 5, 2)", 1, compare_cases(_merge_case(2, 4, 5, 2, f32, seed=11))),
+            SubCheck("other shapes and dtypes; merge_heads undoes split_heads", 1,
+                     lambda t: (t.compare([_merge_case(3, 1, 4, 6, f64, seed=12), _merge_case(2, 6, 3, 1, f32, seed=13),
+                                           _merge_case(1, 3, 1, 4, f64, seed=14)]), _roundtrip(t)),
+                     hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# MultiHeadAttention
+# ---------------------------------------------------------------------------
+
+
+def _mha_case(seed: int, B: int, T_q: int, T_k: int, d_model: int, H: int, dtype: torch.dtype,
+              mask: str = "none", cross: bool = False) -> Case:
+    """Self-attention (query = key = value = x) or cross-attention (query (B, T_q, D),
+    key = value (B, T_k, D)); mask 'none', 'causal' (T_q, T_k) or 'padding' (B, 1, T_k)."""
+    if not cross and T_q != T_k:
+        raise ValueError("self-attention cases need T_q == T_k")
+
+    def make(device: torch.device) -> dict:
+        query = randn((B, T_q, d_model), seed, dtype, device)
+        memory = randn((B, T_k, d_model), seed + 1, dtype, device) if cross else query
+        m = None
+        if mask == "causal":
+            m = torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril()
+        elif mask == "padding":
+            lengths = torch.tensor([max(1, T_k - 2 * b) for b in range(B)], device=device)
+            m = (torch.arange(T_k, device=device)[None, :] < lengths[:, None])[:, None, :]
+        # "head_mask": the mask as it applies to weights (B, H, T_q, T_k), for the property checks
+        head_mask = None if m is None else (m.unsqueeze(1) if m.dim() == 3 else m)
+        return {"dims": (d_model, H), "query": query, "key": memory, "value": memory, "mask": m,
+                "head_mask": head_mask, "_device": device, "_dtype": dtype}
+
+    words = {"none": "no mask", "causal": f"causal mask ({T_q}, {T_k})",
+             "padding": f"padding mask ({B}, 1, {T_k}) with lengths {[max(1, T_k - 2 * b) for b in range(B)]}"}[mask]
+    what = (f"cross-attention with query ({B}, {T_q}, {d_model}) and key = value ({B}, {T_k}, {d_model})"
+            if cross else f"self-attention on x ({B}, {T_q}, {d_model})")
+    return Case(f"MultiHeadAttention(d_model={d_model}, num_heads={H}), {what} {dtype_name(dtype)}, {words}", make)
+
+
+def _mha_reference_instance(dims: tuple[int, int]) -> nn.Module:
+    torch.manual_seed(4321 + 7 * dims[0] + dims[1])
+    return ref.MultiHeadAttention(*dims)
+
+
+def _mha_invoke(impl, inputs: dict):
+    dims = inputs.pop("dims")
+    invoke = module_invoke(lambda cls: cls(*dims).eval(),
+                           lambda module, kw: module(kw["query"], kw["key"], kw["value"], kw["mask"]),
+                           lambda: _mha_reference_instance(dims))
+    return invoke(impl, inputs)
+
+
+class _MHALayout(nn.Module):
+    """The contract's parameter layout, shared by the catalogued wrong variants."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.w_q = nn.Linear(d_model, d_model)
+        self.w_k = nn.Linear(d_model, d_model)
+        self.w_v = nn.Linear(d_model, d_model)
+        self.w_o = nn.Linear(d_model, d_model)
+
+    def split(self, x):
+        B, T, D = x.shape
+        return x.reshape(B, T, self.num_heads, D // self.num_heads).transpose(1, 2)
+
+    @staticmethod
+    def merge(x):
+        B, H, T, d = x.shape
+        return x.transpose(1, 2).reshape(B, T, H * d)
+
+    @staticmethod
+    def head_mask(mask):
+        return mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
+
+    @staticmethod
+    def attend(q, k, v, mask, scale, dim=-1):
+        s = q @ k.transpose(-2, -1) / scale
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(s, dim=dim)
+        return w @ v, w
+
+    def projections(self, query, key, value):
+        return self.split(self.w_q(query)), self.split(self.w_k(key)), self.split(self.w_v(value))
+
+
+class MHANoTranspose(_MHALayout):
+    def forward(self, query, key, value, mask=None):
+        B, T_q, D = query.shape
+        H = self.num_heads
+        q = self.w_q(query).reshape(B, H, T_q, D // H)
+        k = self.w_k(key).reshape(B, H, key.size(1), D // H)
+        v = self.w_v(value).reshape(B, H, value.size(1), D // H)
+        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(D // H))
+        return self.w_o(heads.reshape(B, T_q, D)), w
+
+
+class MHAScaledByDModel(_MHALayout):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, key, value)
+        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(query.size(-1)))
+        return self.w_o(self.merge(heads)), w
+
+
+class MHANoWo(_MHALayout):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, key, value)
+        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)))
+        return self.merge(heads), w
+
+
+class MHAWoPerHead(_MHALayout):
+    """w_o applied to each head's output on its own (zero-padded into its block), then averaged."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, key, value)
+        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)))
+        H, d = heads.size(1), heads.size(-1)
+        outs = []
+        for j in range(H):
+            padded = torch.zeros(*heads.shape[:1], heads.size(2), H * d, dtype=heads.dtype, device=heads.device)
+            padded[..., j * d:(j + 1) * d] = heads[:, j]
+            outs.append(self.w_o(padded))
+        return torch.stack(outs).mean(0), w
+
+
+class MHASelfOnly(_MHALayout):
+    """Keys and values taken from `query`: right for self-attention, wrong for cross-attention."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, query, query)
+        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)))
+        return self.w_o(self.merge(heads)), w
+
+
+class MHAMaskNoHeadAxis(_MHALayout):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, key, value)
+        heads, w = self.attend(q, k, v, mask, math.sqrt(q.size(-1)))
+        return self.w_o(self.merge(heads)), w
+
+
+class MHAMaskIgnored(_MHALayout):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, key, value)
+        heads, w = self.attend(q, k, v, None, math.sqrt(q.size(-1)))
+        return self.w_o(self.merge(heads)), w
+
+
+class MHAMaskInverted(_MHALayout):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, key, value)
+        m = self.head_mask(mask)
+        heads, w = self.attend(q, k, v, None if m is None else ~m, math.sqrt(q.size(-1)))
+        return self.w_o(self.merge(heads)), w
+
+
+class MHASoftmaxQueries(_MHALayout):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, key, value)
+        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)), dim=-2)
+        return self.w_o(self.merge(heads)), w
+
+
+class MHAWeightsAveraged(_MHALayout):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.projections(query, key, value)
+        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)))
+        return self.w_o(self.merge(heads)), w.mean(1)
+
+
+MHA_MISTAKES = (
+    Mistake("heads reshaped without transpose", MHANoTranspose,
+            "The heads are reshaped straight from (B, T, D) to (B, H, T, D/H) (or back) without a transpose, "
+            "which mixes positions: split with .reshape(B, T, H, D/H).transpose(1, 2) and merge with the inverse."),
+    Mistake("scaled by √d_model", MHAScaledByDModel,
+            "The scores are divided by √d_model, but each head's dot products have d_head = d_model / num_heads "
+            "terms: divide by √d_head."),
+    Mistake("w_o missing", MHANoWo,
+            "The output skips w_o: concatenate the heads (B, T, d_model) and apply self.w_o once."),
+    Mistake("w_o applied per head", MHAWoPerHead,
+            "w_o is applied to each head separately and the results are averaged: concatenate the heads "
+            "first and apply self.w_o once to the (B, T, d_model) result."),
+    Mistake("keys and values from the query", MHASelfOnly,
+            "Keys and values are computed from `query`: they must come from w_k(key) and w_v(value), which "
+            "differ from the queries in cross-attention."),
+    Mistake("mask without a head axis", MHAMaskNoHeadAxis,
+            "A padding mask (B, 1, T_k) is applied to scores (B, H, T_q, T_k) without a head axis, so it lines "
+            "up with the heads instead of the batch: use mask.unsqueeze(1) for 3-D masks."),
+    Mistake("mask ignored", MHAMaskIgnored, "forward ignores its mask: pass it on to every head's attention."),
+    Mistake("mask inverted", MHAMaskInverted,
+            "Your mask is inverted: True means 'may attend', so fill the scores where the mask is False (~mask)."),
+    Mistake("softmax over the query axis", MHASoftmaxQueries,
+            "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
+    Mistake("weights averaged over heads", MHAWeightsAveraged,
+            "You returned the weights averaged over the heads (B, T_q, T_k); return every head's weights, "
+            "(B, H, T_q, T_k)."),
+)
+
+
+def _mha_parameters(trial) -> None:
+    module = trial.guarded(lambda: trial.impl(8, 2), "MultiHeadAttention(8, 2)")
+    expected = {f"{n}.{p}": (8, 8) if p == "weight" else (8,)
+                for n in ("w_q", "w_k", "w_v", "w_o") for p in ("weight", "bias")}
+    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    if got != expected:
+        msg = (f"MultiHeadAttention(d_model=8, num_heads=2) should have exactly the parameters "
+               f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
+               f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
+        if any(v in ((4, 8), (8, 4)) for v in got.values()):
+            msg += (" Keep one nn.Linear(d_model, d_model) per projection and split its output into heads "
+                    "(d_model / num_heads features each) instead of one small Linear per head.")
+        if not any(k.endswith(".bias") for k in got):
+            msg += " The projections have a bias: nn.Linear(d_model, d_model) (bias=True is the default)."
+        raise CheckFailed(msg)
+
+
+def _mha_gradients(trial) -> None:
+    case = _mha_case(240, 2, 3, 5, 8, 2, f64, "padding", cross=True)
+    inputs = case.make(trial.device)
+    query = inputs["query"].requires_grad_(True)
+    memory = inputs["key"].detach().clone().requires_grad_(True)
+
+    def run():
+        module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=f64)
+        out = module(query, memory, memory, inputs["mask"])
+        y = out[0] if isinstance(out, tuple) else out
+        y.pow(2).sum().backward()
+        return module
+
+    module = trial.guarded(run, case.label)
+    for name, p in (("query", query), ("key/value", memory), *module.named_parameters()):
+        if p.grad is None or float(p.grad.abs().sum()) == 0.0:
+            raise CheckFailed(f"On {case.label}: `{name}` gets no gradient from the output.")
+
+
+def _mha_spec() -> ItemSpec:
+    visible = _mha_case(200, 2, 5, 5, 8, 2, f32)
+    hidden_cases = (
+        _mha_case(210, 2, 6, 6, 12, 3, f32, "causal"),
+        _mha_case(220, 2, 5, 5, 8, 2, f64, "padding"),  # B == H: a mask without head axis silently misaligns
+        _mha_case(230, 3, 4, 7, 16, 4, f64, "none", cross=True),
+        _mha_case(250, 1, 3, 3, 6, 1, f32),
+        _mha_case(260, 2, 4, 4, 6, 6, f64, "causal"),
+        _mha_case(270, 3, 2, 6, 8, 4, f32, "padding", cross=True),
+    )
+    pad = _mha_case(280, 3, 5, 5, 8, 2, f64, "padding")
+    causal = _mha_case(290, 2, 4, 4, 8, 4, f32, "causal")
+
+    def padded_keys(inputs: dict) -> torch.Tensor:
+        return ~inputs["mask"][:, 0, :]
+
+    def properties(t) -> None:
+        weights_sum_to_one(t, pad)
+        masked_weights_zero(t, pad, mask_key="head_mask")
+        masked_weights_zero(t, causal, mask_key="head_mask")
+        masked_keys_ignored(t, pad, perturb=("key", "value"), key_mask=padded_keys)
+
+    return ItemSpec(
+        name="MultiHeadAttention",
+        reference=ref.MultiHeadAttention,
+        invoke=_mha_invoke,
+        output_names=("out", "weights"),
+        mistakes=MHA_MISTAKES,
+        forbidden={F.multi_head_attention_forward: "it calls torch's multi_head_attention_forward; "
+                   "write the heads yourself"},
+        subchecks=(
+            SubCheck("parameters w_q, w_k, w_v, w_o, each Linear(d_model, d_model) with bias", 1, _mha_parameters),
+            SubCheck("matches the reference (same weights) on a random batch, 2 heads", 1, compare_cases(visible)),
+            SubCheck("matches with causal and padding masks, cross-attention (T_q ≠ T_k), 1 head, d_head = 1, float64",
+                     2, compare_cases(*hidden_cases), hidden=True),
+            SubCheck("weights sum to 1 over the keys; masked weights are exactly 0; padded keys do not leak",
+                     1, properties, hidden=True),
+            SubCheck("gradients reach query, key/value and every parameter", 1, _mha_gradients, hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# head_diversity_penalty
+# ---------------------------------------------------------------------------
+
+
+def _penalty_case(shape: tuple[int, ...], seed: int, dtype: torch.dtype, kind: str = "softmax") -> Case:
+    """A (..., H, T_k): softmax rows of random scores, or one-hot rows ('onehot')."""
+
+    def make(device: torch.device) -> dict:
+        scores = randn(shape, seed, dtype, device)
+        if kind == "onehot":
+            A = F.one_hot(scores.argmax(-1), shape[-1]).to(dtype)
+        else:
+            A = torch.softmax(2 * scores, dim=-1)
+        return {"A": A}
+
+    rows = "one-hot rows" if kind == "onehot" else "softmax rows"
+    return Case(f"A {shape} {dtype_name(dtype)} with {rows}", make)
+
+
+def _hand_penalty_case() -> Case:
+    def make(device: torch.device) -> dict:
+        return {"A": torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.5]], device=device)}
+
+    return Case("the hand example A = [[0.5, 0.5, 0], [0, 0.5, 0.5]] (2 heads, 3 keys)", make)
+
+
+def penalty_gram_transposed(A):
+    eye = torch.eye(A.size(-1), dtype=A.dtype, device=A.device)
+    return (A.transpose(-2, -1) @ A - eye).pow(2).sum(dim=(-2, -1))
+
+
+def penalty_not_squared(A):
+    eye = torch.eye(A.size(-2), dtype=A.dtype, device=A.device)
+    return (A @ A.transpose(-2, -1) - eye).pow(2).sum(dim=(-2, -1)).sqrt()
+
+
+def penalty_no_identity(A):
+    return (A @ A.transpose(-2, -1)).pow(2).sum(dim=(-2, -1))
+
+
+def penalty_summed_over_batch(A):
+    eye = torch.eye(A.size(-2), dtype=A.dtype, device=A.device)
+    return (A @ A.transpose(-2, -1) - eye).pow(2).sum()
+
+
+def penalty_abs(A):
+    eye = torch.eye(A.size(-2), dtype=A.dtype, device=A.device)
+    return (A @ A.transpose(-2, -1) - eye).abs().sum(dim=(-2, -1))
+
+
+PENALTY_MISTAKES = (
+    Mistake("Aᵀ A instead of A Aᵀ", penalty_gram_transposed,
+            "You computed Aᵀ A (keys against keys, T_k × T_k); the penalty compares heads with heads: "
+            "A Aᵀ is H × H (A @ A.transpose(-2, -1))."),
+    Mistake("norm not squared", penalty_not_squared,
+            "You returned the Frobenius norm ‖A Aᵀ − I‖_F; the penalty is its square (no square root)."),
+    Mistake("identity not subtracted", penalty_no_identity,
+            "The identity is missing: the penalty is ‖A Aᵀ − I‖_F², subtract torch.eye(H) before squaring."),
+    Mistake("summed over the batch", penalty_summed_over_batch,
+            "You summed over every axis and returned one number; sum over the last two axes only, "
+            "so that A (..., H, T_k) gives a penalty of shape (...)."),
+    Mistake("absolute values instead of squares", penalty_abs,
+            "You summed absolute values; the squared Frobenius norm sums the squares of the entries."),
+)
+
+
+def _penalty_spec() -> ItemSpec:
+    return ItemSpec(
+        name="head_diversity_penalty",
+        reference=ref.head_diversity_penalty,
+        mistakes=PENALTY_MISTAKES,
+        subchecks=(
+            SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_penalty_case())),
+            SubCheck("a batch A (2, 3, 5)", 1, compare_cases(_penalty_case((2, 3, 5), 300, f32))),
+            SubCheck("other shapes (extra batch axes, H > T_k, one head), one-hot heads, float64", 1,
+                     compare_cases(_penalty_case((2, 3, 4, 6), 310, f64), _penalty_case((5, 3), 320, f32),
+                                   _penalty_case((2, 4, 4), 330, f64, "onehot"), _penalty_case((3, 1, 7), 340, f64)),
+                     hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# mha_parameter_count
+# ---------------------------------------------------------------------------
+
+
+def _count_case(d_model: int, num_heads: int, bias: bool | None = None) -> Case:
+    kwargs = {"d_model": d_model, "num_heads": num_heads}
+    label = f"d_model = {d_model}, num_heads = {num_heads}"
+    if bias is not None:
+        kwargs["bias"] = bias
+        label += f", bias = {bias}"
+    return Case(label, lambda device: dict(kwargs))
+
+
+def count_no_output(d_model, num_heads, bias=True):
+    return 3 * d_model * d_model + (3 * d_model if bias else 0)
+
+
+def count_per_head_full(d_model, num_heads, bias=True):
+    return num_heads * (3 * d_model * d_model + (3 * d_model if bias else 0)) + d_model * d_model + (d_model if bias else 0)
+
+
+def count_no_bias(d_model, num_heads, bias=True):
+    return 4 * d_model * d_model
+
+
+def count_bias_ignored(d_model, num_heads, bias=True):
+    return 4 * d_model * d_model + 4 * d_model
+
+
+def count_float(d_model, num_heads, bias=True):
+    return float(4 * d_model * d_model + (4 * d_model if bias else 0))
+
+
+COUNT_MISTAKES = (
+    Mistake("output map forgotten", count_no_output,
+            "You counted w_q, w_k and w_v but not the output map w_o: there are four d_model × d_model maps."),
+    Mistake("full-size maps per head", count_per_head_full,
+            "You gave every head full d_model × d_model maps; the heads share them, each using d_model / num_heads "
+            "of the outputs, so the count does not grow with num_heads."),
+    Mistake("biases forgotten", count_no_bias,
+            "The biases are missing: each of the four maps has d_model biases when bias=True."),
+    Mistake("bias argument ignored", count_bias_ignored,
+            "With bias=False there are no biases: count 4·d_model² only."),
+    Mistake("float result", count_float,
+            "Return a Python int (use // or int(...)), not a float."),
+)
+
+
+def _count_spec() -> ItemSpec:
+    return ItemSpec(
+        name="mha_parameter_count",
+        reference=ref.mha_parameter_count,
+        mistakes=COUNT_MISTAKES,
+        subchecks=(
+            SubCheck("the Transformer-base layer: d_model = 512, num_heads = 8", 1, compare_cases(_count_case(512, 8))),
+            SubCheck("other sizes, one head, and bias = False", 1,
+                     compare_cases(_count_case(64, 4, True), _count_case(12, 1), _count_case(512, 8, False),
+                                   _count_case(48, 6, False)),
+                     hidden=True),
+        ),
+    )
+
+
+SPECS = {
+    spec.name: spec
+    for spec in (_split_spec(), _merge_spec(), _mha_spec(), _penalty_spec(), _count_spec())
+}

@@ -1,0 +1,467 @@
+"""Check specs for notebook 05 (positional encoding): sinusoidal_positional_encoding,
+pe_shift_matrix, relative_position_index and RelativeSelfAttention, with their mistake
+catalogues."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ... import positional as ref
+from ..compare import describe_difference, fmt_num
+from ..properties import compare_cases, dtype_name, masked_weights_zero, module_invoke, randn
+from ..runner import unwatched
+from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+
+f32, f64 = torch.float32, torch.float64
+
+# ---------------------------------------------------------------------------
+# sinusoidal_positional_encoding
+# ---------------------------------------------------------------------------
+
+
+def _pe_case(T: int, d: int) -> Case:
+    return Case(f"num_positions = {T}, d_model = {d}", lambda device: {"num_positions": T, "d_model": d})
+
+
+def _angles(T: int, d: int, exponent, base: float = 10000.0, start: int = 0) -> torch.Tensor:
+    """(T, d/2) angles pos / base^{exponent(i)} for pair index i (float64)."""
+    pos = torch.arange(start, start + T, dtype=f64)[:, None]
+    i = torch.arange(d // 2, dtype=f64)[None, :]
+    return pos / base ** exponent(i, d)
+
+
+def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:
+    return torch.stack([even, odd], dim=-1).flatten(-2).to(torch.get_default_dtype())
+
+
+def pe_sin_cos_swapped(num_positions, d_model):
+    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d)
+    return _interleave(a.cos(), a.sin())
+
+
+def pe_halves(num_positions, d_model):
+    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d)
+    return torch.cat([a.sin(), a.cos()], dim=-1).to(torch.get_default_dtype())
+
+
+def pe_exponent_without_2(num_positions, d_model):
+    a = _angles(num_positions, d_model, lambda i, d: i / d)
+    return _interleave(a.sin(), a.cos())
+
+
+def pe_column_exponent(num_positions, d_model):
+    even = _angles(num_positions, d_model, lambda i, d: 2 * i / d)
+    odd = _angles(num_positions, d_model, lambda i, d: (2 * i + 1) / d)
+    return _interleave(even.sin(), odd.cos())
+
+
+def pe_base_e(num_positions, d_model):
+    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d, base=math.e)
+    return _interleave(a.sin(), a.cos())
+
+
+def pe_multiplied(num_positions, d_model):
+    a = _angles(num_positions, d_model, lambda i, d: -2 * i / d)
+    return _interleave(a.sin(), a.cos())
+
+
+def pe_from_one(num_positions, d_model):
+    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d, start=1)
+    return _interleave(a.sin(), a.cos())
+
+
+def pe_float64(num_positions, d_model):
+    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d)
+    return torch.stack([a.sin(), a.cos()], dim=-1).flatten(-2)
+
+
+PE_MISTAKES = (
+    Mistake("sin and cos swapped", pe_sin_cos_swapped,
+            "Sine and cosine are swapped: even columns 2i hold sin(pos / 10000^{2i/d}), odd columns 2i+1 the cosine."),
+    Mistake("sine half and cosine half concatenated", pe_halves,
+            "You put all sines in the first half and all cosines in the second (as some illustrations do); "
+            "Vaswani et al. interleave them: column 2i is the sine and column 2i+1 the cosine of the same frequency."),
+    Mistake("exponent i/d", pe_exponent_without_2,
+            "The exponent is i/d; it is 2i/d, where i = 0 … d/2 − 1 indexes the sine/cosine pair "
+            "(equivalently: the even column index divided by d)."),
+    Mistake("cosine frequency from its own column", pe_column_exponent,
+            "The cosine in column 2i+1 uses exponent (2i+1)/d; it must use the same frequency as the sine in "
+            "column 2i, exponent 2i/d."),
+    Mistake("wrong base", pe_base_e,
+            "The frequencies use base e (exp); the base is 10000: pos / 10000^{2i/d}."),
+    Mistake("multiplied by the power", pe_multiplied,
+            "You multiplied pos by 10000^{2i/d}; divide by it, so that the frequencies fall from 1 to about 1/10000."),
+    Mistake("positions start at 1", pe_from_one,
+            "Your positions start at 1; the first row is position 0 (sin 0 = 0, cos 0 = 1)."),
+    Mistake("float64 result", pe_float64,
+            "The values are right but the result is float64: return torch's default dtype (float32), "
+            "e.g. with .float() or by computing with torch tensors."),
+)
+
+
+def _pe_spec() -> ItemSpec:
+    return ItemSpec(
+        name="sinusoidal_positional_encoding",
+        reference=ref.sinusoidal_positional_encoding,
+        mistakes=PE_MISTAKES,
+        subchecks=(
+            SubCheck("the small example: 3 positions, d_model = 4", 1, compare_cases(_pe_case(3, 4))),
+            SubCheck("50 positions, d_model = 16", 1, compare_cases(_pe_case(50, 16))),
+            SubCheck("other sizes: one position, d_model = 2, d_model = 64", 1,
+                     compare_cases(_pe_case(1, 8), _pe_case(9, 2), _pe_case(20, 64), _pe_case(64, 6)),
+                     hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# pe_shift_matrix
+# ---------------------------------------------------------------------------
+
+
+def _shift_case(k: int, d: int) -> Case:
+    return Case(f"k = {k}, d_model = {d}", lambda device: {"k": k, "d_model": d})
+
+
+def _freqs(d):
+    return 10000.0 ** (-torch.arange(0, d, 2, dtype=f64) / d)
+
+
+def _blocks(angles, transpose=False):
+    c, s = angles.cos(), angles.sin()
+    blocks = [torch.tensor([[ci, si], [-si, ci]], dtype=f64) for ci, si in zip(c.tolist(), s.tolist())]
+    if transpose:
+        blocks = [b.T for b in blocks]
+    return torch.block_diag(*blocks).to(torch.get_default_dtype())
+
+
+def shift_transposed(k, d_model):
+    return _blocks(k * _freqs(d_model), transpose=True)
+
+
+def shift_no_frequency(k, d_model):
+    return _blocks(torch.full((d_model // 2,), float(k), dtype=f64))
+
+
+def shift_k_ignored(k, d_model):
+    return _blocks(_freqs(d_model))
+
+
+def shift_halves(k, d_model):
+    a = k * _freqs(d_model)
+    c, s = torch.diag(a.cos()), torch.diag(a.sin())
+    return torch.cat([torch.cat([c, s], 1), torch.cat([-s, c], 1)], 0).to(torch.get_default_dtype())
+
+
+def shift_float64(k, d_model):
+    return _blocks(k * _freqs(d_model)).to(f64)
+
+
+SHIFT_MISTAKES = (
+    Mistake("rotation the wrong way", shift_transposed,
+            "Your matrix shifts by −k (it is the transpose of M_k): for a (sin, cos) pair, "
+            "sin(a + b) = sin a cos b + cos a sin b, so the block is [[cos kω, sin kω], [−sin kω, cos kω]]."),
+    Mistake("angle without the frequency", shift_no_frequency,
+            "Every pair is rotated by the angle k; pair i turns by k·ω_i with ω_i = 1 / 10000^{2i/d}."),
+    Mistake("k ignored", shift_k_ignored,
+            "Your matrix shifts by one position whatever k is: the angles are k·ω_i."),
+    Mistake("built for sine and cosine halves", shift_halves,
+            "Your matrix is laid out for a sine half and a cosine half; the encoding interleaves them "
+            "(pair i sits in entries 2i, 2i+1), so M_k is block diagonal with 2 × 2 blocks."),
+    Mistake("float64 result", shift_float64,
+            "The values are right but the result is float64: return torch's default dtype (float32)."),
+)
+
+
+def _shift_property(trial) -> None:
+    """M_k PE[pos] = PE[pos + k] for all pos, with the reference encoding."""
+    for k, d in ((2, 8), (-3, 6)):
+        with unwatched():
+            pe = ref.sinusoidal_positional_encoding(40, d, dtype=f64)
+        M = trial.student({"k": k, "d_model": d}, f"k = {k}, d_model = {d}")
+        if not isinstance(M, torch.Tensor) or M.shape != (d, d):
+            got = tuple(M.shape) if isinstance(M, torch.Tensor) else type(M).__name__
+            raise CheckFailed(f"pe_shift_matrix({k}, {d}) should be a ({d}, {d}) tensor, got {got}.")
+        M = M.detach().cpu()
+        if not M.is_floating_point():
+            raise CheckFailed(f"pe_shift_matrix({k}, {d}) should be a float tensor, got {dtype_name(M.dtype)}.")
+        pe = pe.to(M.dtype)  # compare at the precision of the student's matrix
+        lo, hi = max(0, -k), 40 - max(0, k)
+        moved = pe[lo:hi] @ M.T  # row pos: M_k PE[pos]
+        target = pe[lo + k:hi + k]
+        problem = describe_difference(target, moved, what="M_k PE[pos]")
+        if problem:
+            error = (moved - target).abs()
+            bad = error.amax(-1).argmax().item() + lo
+            raise CheckFailed(
+                f"With k = {k}, d_model = {d}: M_k PE[pos] should equal PE[pos + k] for every pos, "
+                f"but not for pos = {bad} (the largest error there is {fmt_num(error.max().item())})."
+            )
+
+
+def _shift_spec() -> ItemSpec:
+    return ItemSpec(
+        name="pe_shift_matrix",
+        reference=ref.pe_shift_matrix,
+        mistakes=SHIFT_MISTAKES,
+        subchecks=(
+            SubCheck("pe_shift_matrix(1, 4) matches the reference", 1, compare_cases(_shift_case(1, 4))),
+            SubCheck("other shifts and sizes: k = 0, negative k, k = 10, d_model = 2", 1,
+                     compare_cases(_shift_case(3, 8), _shift_case(0, 6), _shift_case(-2, 8),
+                                   _shift_case(10, 16), _shift_case(5, 2)), hidden=True),
+            SubCheck("M_k PE[pos] = PE[pos + k] for every position", 1, _shift_property, hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# relative_position_index
+# ---------------------------------------------------------------------------
+
+
+def _rel_case(T_q: int, T_k: int, delta: int) -> Case:
+    return Case(f"T_q = {T_q}, T_k = {T_k}, max_distance = {delta}",
+                lambda device: {"T_q": T_q, "T_k": T_k, "max_distance": delta})
+
+
+def _distance(T_q, T_k):
+    return torch.arange(T_k)[None, :] - torch.arange(T_q)[:, None]
+
+
+def rel_sign_flipped(T_q, T_k, max_distance):
+    return (-_distance(T_q, T_k)).clamp(-max_distance, max_distance) + max_distance
+
+
+def rel_not_clipped(T_q, T_k, max_distance):
+    return _distance(T_q, T_k) + max_distance
+
+
+def rel_not_shifted(T_q, T_k, max_distance):
+    return _distance(T_q, T_k).clamp(-max_distance, max_distance)
+
+
+def rel_clipped_short(T_q, T_k, max_distance):
+    return _distance(T_q, T_k).clamp(-max_distance + 1, max_distance - 1) + max_distance
+
+
+def rel_int32(T_q, T_k, max_distance):
+    return (_distance(T_q, T_k).clamp(-max_distance, max_distance) + max_distance).int()
+
+
+REL_MISTAKES = (
+    Mistake("sign flipped", rel_sign_flipped,
+            "The distance has the wrong sign: entry [i, j] uses j − i (key position minus query position), "
+            "so keys to the right of the query get indices above δ."),
+    Mistake("not clipped", rel_not_clipped,
+            "The distance is not clipped: distances beyond ±δ must be clamped to [−δ, δ] "
+            "(torch.clamp) before adding δ, so the indices stay in [0, 2δ]."),
+    Mistake("not shifted by δ", rel_not_shifted,
+            "The indices are the clipped distances in [−δ, δ]; add δ so they run over [0, 2δ] and can index an embedding."),
+    Mistake("clipped at δ − 1", rel_clipped_short,
+            "You clipped to [−(δ−1), δ−1]; the range is [−δ, δ]: clamp(j − i, −δ, δ) + δ."),
+    Mistake("int32 indices", rel_int32,
+            "The values are right but the dtype is int32: return a LongTensor (torch.long) that nn.Embedding accepts."),
+)
+
+
+def _rel_spec() -> ItemSpec:
+    return ItemSpec(
+        name="relative_position_index",
+        reference=ref.relative_position_index,
+        mistakes=REL_MISTAKES,
+        subchecks=(
+            SubCheck("relative_position_index(5, 5, 2) matches the reference", 1, compare_cases(_rel_case(5, 5, 2))),
+            SubCheck("T_q ≠ T_k, δ = 0, δ larger than the sequence, one query", 1,
+                     compare_cases(_rel_case(3, 7, 1), _rel_case(6, 3, 2), _rel_case(4, 4, 0),
+                                   _rel_case(5, 5, 9), _rel_case(1, 6, 2)), hidden=True),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# RelativeSelfAttention
+# ---------------------------------------------------------------------------
+
+
+def _relattn_case(seed: int, B: int, T: int, d_model: int, delta: int, dtype: torch.dtype, causal: bool) -> Case:
+    def make(device: torch.device) -> dict:
+        x = randn((B, T, d_model), seed, dtype, device)
+        mask = torch.ones(T, T, dtype=torch.bool, device=device).tril() if causal else None
+        return {"dims": (d_model, delta), "x": x, "mask": mask, "_device": device, "_dtype": dtype}
+
+    m = "causal mask" if causal else "no mask"
+    return Case(f"RelativeSelfAttention(d_model={d_model}, max_distance={delta}) on x ({B}, {T}, {d_model}) "
+                f"{dtype_name(dtype)}, {m}", make)
+
+
+def _relattn_reference_instance(dims: tuple[int, int]) -> nn.Module:
+    torch.manual_seed(2468 + 11 * dims[0] + dims[1])
+    module = ref.RelativeSelfAttention(*dims)
+    with torch.no_grad():  # smaller relative vectors keep the softmax away from saturation
+        module.rel_k.weight.mul_(0.5)
+        module.rel_v.weight.mul_(0.5)
+    return module
+
+
+def _relattn_invoke(impl, inputs: dict):
+    dims = inputs.pop("dims")
+    invoke = module_invoke(lambda cls: cls(*dims), lambda module, kw: module(kw["x"], kw["mask"]),
+                           lambda: _relattn_reference_instance(dims))
+    return invoke(impl, inputs)
+
+
+class _RelLayout(nn.Module):
+    """The contract's parameter layout, shared by the catalogued wrong variants."""
+
+    def __init__(self, d_model: int, max_distance: int) -> None:
+        super().__init__()
+        self.max_distance = max_distance
+        self.w_q = nn.Linear(d_model, d_model, bias=False)
+        self.w_k = nn.Linear(d_model, d_model, bias=False)
+        self.w_v = nn.Linear(d_model, d_model, bias=False)
+        self.rel_k = nn.Embedding(2 * max_distance + 1, d_model)
+        self.rel_v = nn.Embedding(2 * max_distance + 1, d_model)
+
+    def index(self, T, device, sign=1):
+        i = torch.arange(T, device=device)
+        return (sign * (i[None, :] - i[:, None])).clamp(-self.max_distance, self.max_distance) + self.max_distance
+
+    def run(self, x, mask, sign=1, use_ak=True, use_av=True, ak_on_query=False, scale=None, dim=-1):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        idx = self.index(x.size(1), x.device, sign)
+        a_k, a_v = self.rel_k(idx), self.rel_v(idx)
+        if ak_on_query:
+            s = torch.einsum("bijd,bjd->bij", q[:, :, None, :] + a_k[None], k)
+        else:
+            s = q @ k.transpose(-2, -1)
+            if use_ak:
+                s = s + torch.einsum("bid,ijd->bij", q, a_k)
+        s = s / (math.sqrt(x.size(-1)) if scale is None else scale)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(s, dim=dim)
+        out = w @ v
+        if use_av:
+            out = out + torch.einsum("bij,ijd->bid", w, a_v)
+        return out, w
+
+
+class RelSignFlipped(_RelLayout):
+    def forward(self, x, mask=None):
+        return self.run(x, mask, sign=-1)
+
+
+class RelNoKeyTerm(_RelLayout):
+    def forward(self, x, mask=None):
+        return self.run(x, mask, use_ak=False)
+
+
+class RelNoValueTerm(_RelLayout):
+    def forward(self, x, mask=None):
+        return self.run(x, mask, use_av=False)
+
+
+class RelOnQuery(_RelLayout):
+    def forward(self, x, mask=None):
+        return self.run(x, mask, ak_on_query=True)
+
+
+class RelNoScale(_RelLayout):
+    def forward(self, x, mask=None):
+        return self.run(x, mask, scale=1.0)
+
+
+class RelMaskIgnored(_RelLayout):
+    def forward(self, x, mask=None):
+        return self.run(x, None)
+
+
+class RelSoftmaxQueries(_RelLayout):
+    def forward(self, x, mask=None):
+        return self.run(x, mask, dim=-2)
+
+
+RELATTN_MISTAKES = (
+    Mistake("relative index sign flipped", RelSignFlipped,
+            "The relative positions have the wrong sign: a^K_ij and a^V_ij use clip(j − i, −δ, δ) + δ "
+            "(key minus query), as in relative_position_index."),
+    Mistake("a^K missing", RelNoKeyTerm,
+            "The scores ignore the relative keys: e_ij = q_i · (k_j + a^K_ij) / √d, add the term q_i · a^K_ij."),
+    Mistake("a^V missing", RelNoValueTerm,
+            "The output ignores the relative values: out_i = Σ_j α_ij (v_j + a^V_ij), add Σ_j α_ij a^V_ij."),
+    Mistake("a^K added to the query", RelOnQuery,
+            "The relative vector is added to the query; Shaw et al. add it to the key: q_i · (k_j + a^K_ij)."),
+    Mistake("no scaling", RelNoScale, "The scores are not scaled: divide by √d_model."),
+    Mistake("mask ignored", RelMaskIgnored, "forward ignores its mask: fill disallowed scores with -inf before the softmax."),
+    Mistake("softmax over the query axis", RelSoftmaxQueries,
+            "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
+)
+
+
+def _relattn_parameters(trial) -> None:
+    module = trial.guarded(lambda: trial.impl(6, 2), "RelativeSelfAttention(6, 2)")
+    expected = {"w_q.weight": (6, 6), "w_k.weight": (6, 6), "w_v.weight": (6, 6),
+                "rel_k.weight": (5, 6), "rel_v.weight": (5, 6)}
+    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    if got != expected:
+        msg = (f"RelativeSelfAttention(d_model=6, max_distance=2) should have exactly the parameters "
+               f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
+               f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
+        if got.get("rel_k.weight", (5,))[0] != 5:
+            msg += " There are 2δ + 1 = 5 clipped distances −2 … 2, so the embeddings have 2·max_distance + 1 rows."
+        if any(k.endswith(".bias") for k in got):
+            msg += " The projections have no bias: nn.Linear(d_model, d_model, bias=False)."
+        raise CheckFailed(msg)
+
+
+def _relattn_spec() -> ItemSpec:
+    visible = _relattn_case(400, 2, 6, 8, 2, f32, False)
+    hidden = (
+        _relattn_case(410, 2, 7, 8, 2, f64, True),
+        _relattn_case(420, 1, 5, 6, 1, f32, False),
+        _relattn_case(430, 3, 4, 4, 6, f64, False),
+        _relattn_case(440, 2, 9, 10, 3, f64, True),
+    )
+    causal = _relattn_case(450, 2, 5, 6, 2, f32, True)
+    grad_case = _relattn_case(460, 2, 5, 6, 2, f64, True)
+
+    def gradients(trial) -> None:
+        inputs = grad_case.make(trial.device)
+        x = inputs["x"].requires_grad_(True)
+
+        def run():
+            module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=f64)
+            out = module(x, inputs["mask"])
+            y = out[0] if isinstance(out, tuple) else out
+            y.pow(2).sum().backward()
+            return module
+
+        module = trial.guarded(run, grad_case.label)
+        for name, p in (("x", x), *module.named_parameters()):
+            if p.grad is None or float(p.grad.abs().sum()) == 0.0:
+                raise CheckFailed(f"On {grad_case.label}: `{name}` gets no gradient from the output.")
+
+    return ItemSpec(
+        name="RelativeSelfAttention",
+        reference=ref.RelativeSelfAttention,
+        invoke=_relattn_invoke,
+        output_names=("out", "weights"),
+        mistakes=RELATTN_MISTAKES,
+        subchecks=(
+            SubCheck("parameters w_q, w_k, w_v (no bias) and rel_k, rel_v with 2δ + 1 rows", 1, _relattn_parameters),
+            SubCheck("matches the reference (same weights) on a random batch", 1, compare_cases(visible)),
+            SubCheck("matches with a causal mask, float64, δ = 1 and δ longer than the sequence", 1,
+                     compare_cases(*hidden), hidden=True),
+            SubCheck("masked weights are exactly 0; gradients reach x and every parameter", 1,
+                     lambda t: (masked_weights_zero(t, causal), gradients(t)), hidden=True),
+        ),
+    )
+
+
+SPECS = {
+    spec.name: spec
+    for spec in (_pe_spec(), _shift_spec(), _rel_spec(), _relattn_spec())
+}

@@ -1,0 +1,180 @@
+"""A small attention model for experiments, with a choice of attention and positions.
+
+``TinyTransformer`` = token embedding (+ absolute positions) → ``num_layers`` blocks of
+(pre-LayerNorm attention + residual, pre-LayerNorm MLP + residual) → a linear read-out,
+per position or pooled over the sequence. The attention is course_lib's
+``MultiHeadAttention`` (or any class with its interface), ``RelativeSelfAttention`` or
+``RotarySelfAttention``. Notebook 06 builds the full Transformer block by block; this
+model only serves the experiments of notebooks 04 and 05.
+
+``fit`` trains any model for a number of steps on freshly generated batches.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .attention import causal_mask
+from .multihead import MultiHeadAttention
+from .positional import (
+    LearnedPositionalEmbedding, RelativeSelfAttention, RotarySelfAttention, SinusoidalPositionalEncoding,
+)
+
+__all__ = ["POSITIONS", "TinyTransformer", "fit", "accuracy"]
+
+POSITIONS = ("none", "sinusoidal", "learned", "relative", "rotary")
+
+
+class _Block(nn.Module):
+    def __init__(self, attn: nn.Module, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = attn
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        h = self.norm1(x)
+        if hasattr(self.attn, "num_heads"):  # multi-head interface: (query, key, value, mask)
+            a, w = self.attn(h, h, h, mask)
+        else:  # single-head self-attention interface: (x, mask)
+            a, w = self.attn(h, mask)
+        x = x + a
+        return x + self.mlp(self.norm2(x)), w
+
+
+class TinyTransformer(nn.Module):
+    """Small attention model on token ids.
+
+    - ``positions``: ``"none"`` (order-blind), ``"sinusoidal"`` or ``"learned"`` (added to the
+      embeddings; learned ones exist up to ``max_len``), ``"relative"`` (Shaw et al. inside
+      every layer, clipped at ``max_distance``; single head) or ``"rotary"`` (single head).
+    - ``attention``: the multi-head class used with absolute or no positions (default
+      course_lib's :class:`MultiHeadAttention`; a student's class with the same interface works).
+    - ``pool``: ``None`` for one prediction per position ``(B, T, C)``, ``"max"`` or ``"mean"``
+      for one per sequence ``(B, C)`` (padding excluded).
+    - ``causal``: every position attends only to itself and earlier positions.
+
+    ``forward(tokens (B, T), lengths=None, return_attention=False, attn_mask=None)``;
+    ``lengths (B,)`` marks the real tokens of padded rows; ``attn_mask`` (boolean, broadcast
+    to ``(B, T, T)``, True = may attend) restricts every layer further, on top of the causal
+    and padding masks. With ``return_attention`` it also returns the attention weights of
+    every layer, each ``(B, H, T, T)``.
+    """
+
+    def __init__(self, vocab_size: int, num_outputs: int, d_model: int = 64, num_heads: int = 4,
+                 num_layers: int = 1, d_ff: int | None = None, positions: str = "learned", max_len: int = 64,
+                 max_distance: int = 4, pool: str | None = None, causal: bool = False,
+                 attention: type[nn.Module] = MultiHeadAttention) -> None:
+        super().__init__()
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        if pool not in (None, "max", "mean"):
+            raise ValueError(f"pool must be None, 'max' or 'mean', got {pool!r}")
+        if positions in ("relative", "rotary") and num_heads != 1:
+            raise ValueError(f"{positions} attention here has a single head; use num_heads=1")
+        self.positions, self.pool, self.causal = positions, pool, causal
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.pos = {"sinusoidal": lambda: SinusoidalPositionalEncoding(d_model),
+                    "learned": lambda: LearnedPositionalEmbedding(max_len, d_model)}.get(positions, lambda: None)()
+
+        def make_attention() -> nn.Module:
+            if positions == "relative":
+                return RelativeSelfAttention(d_model, max_distance)
+            if positions == "rotary":
+                return RotarySelfAttention(d_model)
+            return attention(d_model, num_heads)
+
+        self.layers = nn.ModuleList(_Block(make_attention(), d_model, d_ff or 4 * d_model) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, num_outputs)
+
+    def attention_modules(self) -> list[nn.Module]:
+        """The attention module of each layer, first layer first."""
+        return [layer.attn for layer in self.layers]
+
+    def forward(self, tokens: Tensor, lengths: Tensor | None = None, return_attention: bool = False,
+                attn_mask: Tensor | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        x = self.embed(tokens)
+        if self.pos is not None:
+            x = self.pos(x)
+        mask = causal_mask(T, device=tokens.device) if self.causal else None
+        real = None
+        if lengths is not None:
+            real = torch.arange(T, device=tokens.device)[None, :] < lengths.to(tokens.device)[:, None]  # (B, T)
+            keys = real[:, None, :]  # (B, 1, T): padding keys are never attended to
+            mask = keys if mask is None else mask & keys
+        if attn_mask is not None:
+            attn_mask = attn_mask.to(tokens.device)
+            mask = attn_mask if mask is None else mask & attn_mask
+        weights = []
+        for layer in self.layers:
+            x, w = layer(x, mask)
+            weights.append(w if w.dim() == 4 else w.unsqueeze(1))
+        x = self.norm(x)
+        if self.pool == "max":
+            x = x.masked_fill(~real[..., None], float("-inf")).amax(1) if real is not None else x.amax(1)
+        elif self.pool == "mean":
+            x = (x * real[..., None]).sum(1) / real.sum(1, keepdim=True) if real is not None else x.mean(1)
+        logits = self.head(x)
+        return (logits, weights) if return_attention else logits
+
+
+def accuracy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> float:
+    """Fraction of predictions ``logits.argmax(-1)`` equal to ``targets`` (ignored targets left out)."""
+    keep = targets != ignore_index
+    if not bool(keep.any()):
+        raise ValueError("no target to score: every target is ignore_index")
+    return float((logits.argmax(-1)[keep] == targets[keep]).float().mean())
+
+
+def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: int, lr: float = 3e-3,
+        loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, weight_decay: float = 0.0,
+        attention_penalty: Callable[[list[Tensor]], Tensor] | None = None,
+        progress: bool = True, description: str = "training") -> list[float]:
+    """Train ``model`` with AdamW (cosine-decayed learning rate) on ``steps`` fresh batches.
+
+    ``make_batch()`` returns ``(inputs, targets)`` or ``(inputs, lengths, targets)``; the
+    model is called as ``model(inputs)`` or ``model(inputs, lengths)``. ``loss_fn(logits,
+    targets)`` defaults to cross-entropy over the last axis (ignoring index -100).
+    ``attention_penalty(weights)``, if given, is added to the loss; the model is then called
+    with ``return_attention=True`` and ``weights`` is its list of per-layer attention weights.
+    Returns the loss of every step (without the penalty). Batches are moved to the model's device.
+    """
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    device = next(model.parameters()).device
+    loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / max(1, steps))).item()))
+    model.train()
+    history: list[float] = []
+    bar: Iterable[int] = tqdm(range(steps), desc=description, disable=not progress, leave=False)
+    for _ in bar:
+        *inputs, y = (t.to(device) for t in make_batch())
+        if attention_penalty is None:
+            loss = loss_fn(model(*inputs), y)
+            total = loss
+        else:
+            logits, weights = model(*inputs, return_attention=True)
+            loss = loss_fn(logits, y)
+            total = loss + attention_penalty(weights)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        history.append(loss.item())
+        if progress and len(history) % 50 == 0:
+            bar.set_postfix(loss=f"{sum(history[-50:]) / 50:.3f}")
+    model.eval()
+    return history
