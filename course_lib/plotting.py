@@ -13,7 +13,9 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 
-__all__ = ["attention_heatmap", "mask_image", "cost_curves", "to_numpy"]
+__all__ = ["attention_heatmap", "mask_image", "cost_curves", "to_numpy",
+           "gradient_norms_vs_distance", "per_position_accuracy", "accuracy_vs_length", "alignment_heatmap",
+           "recurrence_timing"]
 
 
 def to_numpy(x) -> np.ndarray:
@@ -81,3 +83,90 @@ def cost_curves(lengths: Sequence[int], seconds: Sequence[float], weight_bytes: 
     axes[0].set_title("time grows ~ T² for long sequences")
     axes[1].set_title("the T×T weight matrix: exactly ∝ T²")
     return axes
+
+
+# ---------------------------------------------------------------------------
+# Recurrent networks (notebooks 01-02)
+# ---------------------------------------------------------------------------
+
+def gradient_norms_vs_distance(curves: dict[str, Sequence[float]], ax: Axes | None = None,
+                               title: str = "how much h_T still depends on h_t") -> Axes:
+    """Log plot of ``‖∂h_T/∂h_t‖_F`` against the distance ``T - t``, one curve per label.
+
+    Each value list is ordered ``t = 1..T`` (as returned by ``jacobian_norms``).
+    """
+    ax = ax or plt.subplots(figsize=(6, 3.6))[1]
+    for label, norms in curves.items():
+        n = to_numpy(norms)
+        distance = np.arange(len(n))[::-1]
+        ax.semilogy(distance, np.maximum(n, 1e-300), "o-", ms=3, label=label)
+    ax.set_xlabel("distance T − t (steps back in time)")
+    ax.set_ylabel("‖∂h_T / ∂h_t‖_F (log scale)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return ax
+
+
+def per_position_accuracy(curves: dict[str, Sequence[float]], ax: Axes | None = None,
+                          title: str = "accuracy at each output position",
+                          ylabel: str = "token accuracy") -> Axes:
+    """Accuracy at each output position (1-based on the x axis), one curve per label."""
+    ax = ax or plt.subplots(figsize=(6, 3.6))[1]
+    for label, acc in curves.items():
+        a = to_numpy(acc)
+        ax.plot(np.arange(1, len(a) + 1), a, "o-", ms=4, label=label)
+    ax.set_xlabel("output position")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return ax
+
+
+def accuracy_vs_length(curves: dict[str, tuple[Sequence[float], Sequence[float]]], ax: Axes | None = None,
+                       title: str = "accuracy against input length", xlabel: str = "input length (tokens)",
+                       ylabel: str = "exact match") -> Axes:
+    """Accuracy against input length: ``curves[label] = (lengths, accuracies)``."""
+    ax = ax or plt.subplots(figsize=(6, 3.6))[1]
+    for label, (lengths, acc) in curves.items():
+        ax.plot(to_numpy(lengths), to_numpy(acc), "o-", ms=4, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return ax
+
+
+def alignment_heatmap(weights, output_tokens: Sequence[str], input_tokens: Sequence[str], ax: Axes | None = None,
+                      title: str = "alignment α_ti") -> Axes:
+    """Heatmap of decoder attention ``(T_out, T_in)``: one row per output token, one column
+    per input token, both axes labelled with the tokens (spaces shown as '␣')."""
+    w = to_numpy(weights)
+    if w.shape != (len(output_tokens), len(input_tokens)):
+        raise ValueError(f"weights {w.shape} do not match {len(output_tokens)} output and "
+                         f"{len(input_tokens)} input tokens")
+    shown = [t if t.strip() else "␣" for t in input_tokens]
+    ax = attention_heatmap(w, list(output_tokens), shown, ax=ax, title=title)
+    ax.set_xticks(range(len(shown)), shown, rotation=0, ha="center")
+    ax.set_xlabel("input (encoder position i)")
+    ax.set_ylabel("output (decoder step t)")
+    return ax
+
+
+def recurrence_timing(lengths: Sequence[int], sequential: Sequence[float], parallel: Sequence[float],
+                      ax: Axes | None = None) -> Axes:
+    """Wall time of the sequential RNN loop and of one batched product against length."""
+    ax = ax or plt.subplots(figsize=(6, 3.6))[1]
+    t = np.asarray(lengths, dtype=float)
+    ax.loglog(t, np.asarray(sequential) * 1e3, "o-", label="RNN: loop over T steps")
+    ax.loglog(t, np.asarray(parallel) * 1e3, "o-", label="all positions in one matrix product")
+    ax.set_xlabel("sequence length T")
+    ax.set_ylabel("wall time (ms)")
+    ax.set_title("recurrence is sequential")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return ax

@@ -14,6 +14,8 @@ from .spec import ItemSpec
 __all__ = ["ITEM_MODULES", "all_specs", "get_spec"]
 
 ITEM_MODULES = (
+    "course_lib.grading.items.rnn",
+    "course_lib.grading.items.bahdanau",
     "course_lib.grading.items.self_attention",
     "course_lib.grading.items.multihead",
     "course_lib.grading.items.positional",

@@ -1,0 +1,95 @@
+"""Loss and evaluation helpers for the RNN encoder-decoders of notebooks 01-02.
+
+A model here has ``forward(src, src_mask, tgt_in)`` returning logits (or
+``(logits, weights)``) and ``greedy(src, src_mask, max_len, sos_id)`` returning
+tokens (or ``(tokens, weights)``); batches are :class:`course_lib.data.vocab.Seq2SeqBatch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .data.vocab import Seq2SeqBatch
+
+__all__ = ["sequence_loss", "greedy_tokens", "Seq2SeqScores", "score_predictions", "evaluate", "accuracy_by_length"]
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def sequence_loss(model: nn.Module, batch: Seq2SeqBatch) -> Tensor:
+    """Mean cross-entropy of the teacher-forced predictions over the real target tokens."""
+    logits = _first(model(batch.src, batch.src_mask, batch.tgt_in))
+    return F.cross_entropy(logits[batch.tgt_mask], batch.tgt_out[batch.tgt_mask])
+
+
+@torch.no_grad()
+def greedy_tokens(model: nn.Module, batch: Seq2SeqBatch, sos_id: int) -> Tensor:
+    """Greedy predictions ``(B, T_out)`` for as many steps as the longest target."""
+    return _first(model.greedy(batch.src, batch.src_mask, batch.tgt_out.size(1), sos_id))
+
+
+@dataclass
+class Seq2SeqScores:
+    """Exact match (every target token right), token accuracy, accuracy at each
+    output position (``nan`` where no target is that long) and per-example correctness."""
+
+    exact_match: float
+    token_accuracy: float
+    per_position: Tensor  # (T_out,)
+    correct: Tensor  # (B,) bool: whole sequence right
+    src_lengths: Tensor  # (B,)
+
+
+def score_predictions(pred: Tensor, batch: Seq2SeqBatch) -> Seq2SeqScores:
+    """Compare predicted tokens ``(B, T_out)`` with the batch's targets."""
+    if pred.shape != batch.tgt_out.shape:
+        raise ValueError(f"predictions {tuple(pred.shape)} and targets {tuple(batch.tgt_out.shape)} differ in shape")
+    right = (pred == batch.tgt_out) & batch.tgt_mask
+    mask = batch.tgt_mask
+    correct = (right | ~mask).all(dim=1)
+    counts = mask.sum(dim=0).double()
+    per_position = torch.where(counts > 0, right.sum(dim=0).double() / counts.clamp(min=1),
+                               torch.full_like(counts, float("nan")))
+    return Seq2SeqScores(
+        exact_match=float(correct.double().mean()),
+        token_accuracy=float(right.sum() / mask.sum()),
+        per_position=per_position.cpu(),
+        correct=correct.cpu(),
+        src_lengths=batch.src_mask.sum(dim=1).cpu(),
+    )
+
+
+def evaluate(model: nn.Module, batch: Seq2SeqBatch, sos_id: int) -> Seq2SeqScores:
+    """Greedy-decode ``batch`` with ``model`` (in eval mode) and score it."""
+    was_training = model.training
+    model.eval()
+    try:
+        return score_predictions(greedy_tokens(model, batch, sos_id), batch)
+    finally:
+        model.train(was_training)
+
+
+def accuracy_by_length(scores: Seq2SeqScores, bins: list[tuple[int, int]] | None = None) -> dict[str, list[float]]:
+    """Exact match grouped by source length: ``{"length": [...], "accuracy": [...], "count": [...]}``.
+
+    Without ``bins`` every length present is its own group; a bin ``(lo, hi)`` covers
+    ``lo <= length <= hi`` and is reported at its midpoint.
+    """
+    lengths = scores.src_lengths
+    if bins is None:
+        bins = [(int(n), int(n)) for n in torch.unique(lengths).tolist()]
+    out: dict[str, list[float]] = {"length": [], "accuracy": [], "count": []}
+    for lo, hi in bins:
+        sel = (lengths >= lo) & (lengths <= hi)
+        if int(sel.sum()) == 0:
+            continue
+        out["length"].append((lo + hi) / 2)
+        out["accuracy"].append(float(scores.correct[sel].double().mean()))
+        out["count"].append(int(sel.sum()))
+    return out

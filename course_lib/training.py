@@ -1,0 +1,124 @@
+"""A small, generic training loop: progress bar, gradient clipping, loss history.
+
+It knows nothing about the model or the data: the caller passes a function that
+returns the next batch and a function that computes the loss on it::
+
+    history = train(model, next_batch=lambda step: task.sample_batch(64, rng),
+                    loss_fn=lambda model, batch: my_loss(model, batch), steps=1000, lr=3e-3)
+    history.plot()
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+__all__ = ["TrainHistory", "train"]
+
+
+@dataclass
+class TrainHistory:
+    """What happened during :func:`train`.
+
+    ``losses[i]`` is the training loss at step ``i + 1``; ``evals`` maps a metric name
+    to ``(step, value)`` pairs; ``seconds`` is the wall time of the whole run.
+    """
+
+    losses: list[float] = field(default_factory=list)
+    evals: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+    def smoothed(self, window: int = 50) -> list[float]:
+        """Running mean of the loss over the last ``window`` steps."""
+        out, total = [], 0.0
+        for i, x in enumerate(self.losses):
+            total += x
+            if i >= window:
+                total -= self.losses[i - window]
+            out.append(total / min(i + 1, window))
+        return out
+
+    def plot(self, ax: Any = None, title: str = "Training loss", window: int = 50) -> Any:
+        """Loss per step (faint) and its running mean; returns the axes."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3.5))
+        x = range(1, self.steps + 1)
+        ax.plot(x, self.losses, alpha=0.3, lw=0.8, label="loss per step")
+        ax.plot(x, self.smoothed(window), lw=1.8, label=f"running mean ({window} steps)")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("loss")
+        ax.set_title(title)
+        ax.legend()
+        return ax
+
+
+def train(model: nn.Module, next_batch: Callable[[int], Any], loss_fn: Callable[[nn.Module, Any], Tensor],
+          steps: int, lr: float = 1e-3, optimizer: torch.optim.Optimizer | None = None,
+          schedule: Callable[[int], float] | None = None, clip_grad_norm: float | None = 1.0,
+          eval_fn: Callable[[nn.Module], dict[str, float]] | None = None, eval_every: int = 0,
+          progress: bool = True, desc: str = "training") -> TrainHistory:
+    """Train ``model`` for ``steps`` optimisation steps and return the history.
+
+    - ``next_batch(step)`` returns the batch for step ``step`` (0-based);
+    - ``loss_fn(model, batch)`` returns a scalar loss tensor;
+    - ``optimizer`` defaults to Adam with learning rate ``lr``; ``schedule(step)``, if
+      given, multiplies the learning rate at each step (``LambdaLR``);
+    - ``clip_grad_norm`` clips the global gradient norm (``None`` turns it off);
+    - ``eval_fn(model)`` returns metrics, recorded every ``eval_every`` steps and at the
+      end (the model is in eval mode and gradients are off while it runs).
+
+    A non-finite loss stops training with a ``FloatingPointError`` naming the step.
+    """
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if optimizer is None:
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule) if schedule is not None else None
+    history = TrainHistory()
+    start = time.perf_counter()
+
+    def evaluate(step: int) -> None:
+        model.eval()
+        with torch.no_grad():
+            for name, value in eval_fn(model).items():
+                history.evals.setdefault(name, []).append((step, float(value)))
+        model.train()
+
+    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=True)
+    model.train()
+    for step in bar:
+        loss = loss_fn(model, next_batch(step))
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            bar.close()
+            raise FloatingPointError(f"the loss became {value} at step {step + 1}; try a smaller learning rate")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        history.losses.append(value)
+        if eval_fn is not None and eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            evaluate(step + 1)
+        if step % 10 == 0 or step + 1 == steps:
+            bar.set_postfix(loss=f"{history.smoothed(20)[-1]:.3f}")
+    bar.close()
+    if eval_fn is not None:
+        evaluate(steps)
+    model.eval()
+    history.seconds = time.perf_counter() - start
+    return history
