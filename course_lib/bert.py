@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -315,14 +315,16 @@ def pretraining_loss(model: BertForPreTraining, batch: dict[str, Tensor]) -> Ten
 
 
 def pretrain(model: BertForPreTraining, data: PretrainingData, steps: int, batch_size: int = 64, lr: float = 1e-3,
-             warmup: int = 100, seed: int = 0, progress: bool = True) -> TrainHistory:
-    """Pre-train with MLM + NSP (Adam, linear warm-up then constant learning rate)."""
+             warmup: int = 100, seed: int = 0, progress: bool = True,
+             eval_fn: Callable[[nn.Module], dict[str, float]] | None = None, eval_every: int = 0) -> TrainHistory:
+    """Pre-train with MLM + NSP (Adam, linear warm-up then constant learning rate);
+    ``eval_fn``/``eval_every`` record metrics during training (see :func:`course_lib.training.train`)."""
     device = next(model.parameters()).device
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     return train(model, next_batch=lambda step: _to(data.batch(batch_size, rng, generator), device),
                  loss_fn=pretraining_loss, steps=steps, lr=lr,
                  schedule=lambda step: min(1.0, (step + 1) / max(1, warmup)),
-                 progress=progress, desc="pre-training (MLM + NSP)")
+                 progress=progress, desc="pre-training (MLM + NSP)", eval_fn=eval_fn, eval_every=eval_every)
 
 
 @torch.no_grad()

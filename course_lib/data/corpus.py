@@ -119,7 +119,8 @@ _TEMPLATES = [
 
 def topic_sentences(rng: random.Random, topic: str, n: int, name: tuple[str, str] | None = None,
                     friend: str | None = None) -> list[str]:
-    """``n`` sentences about ``topic`` with one main character (and a friend)."""
+    """``n`` sentences about ``topic`` with one main character (and a friend); each
+    sentence takes up a thing that the sentence before it mentioned."""
     if topic not in TOPICS:
         raise ValueError(f"unknown topic {topic!r}; topics: {', '.join(TOPICS)}")
     nouns, verbs, adjs, places = TOPICS[topic]
@@ -128,8 +129,12 @@ def topic_sentences(rng: random.Random, topic: str, n: int, name: tuple[str, str
     if friend is None:
         friend = rng.choice([n for n, _ in NAMES if n != name[0]])
     out = []
+    previous = None
     for _ in range(n):
         noun, noun2 = rng.sample(nouns, 2)
+        if previous is not None and previous != noun2:
+            noun = previous  # the story goes on about what the last sentence mentioned
+        previous = noun2
         out.append(rng.choice(_TEMPLATES).format(
             name=name[0], pro=name[1], friend=friend, noun=noun, noun2=noun2, verb=rng.choice(verbs),
             adj=rng.choice(adjs), place=rng.choice(places)))

@@ -19,6 +19,7 @@ ITEM_MODULES = (
     "course_lib.grading.items.self_attention",
     "course_lib.grading.items.multihead",
     "course_lib.grading.items.positional",
+    "course_lib.grading.items.bert",
 )
 
 
