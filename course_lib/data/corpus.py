@@ -102,18 +102,18 @@ NAMES = [("anna", "she"), ("ben", "he"), ("clara", "she"), ("david", "he"), ("em
          ("wendy", "she"), ("yusuf", "he"), ("zoe", "she"), ("leo", "he")]
 
 _TEMPLATES = [
-    "{name} {verb} the {adj} {noun} in {place}.",
-    "then {pro} {verb} the {noun} and the {noun2}.",
-    "the {noun} was {adj}, so {name} {verb} it again.",
+    "{name} {verb} the {adj} {noun} and the {noun2} in {place}.",
+    "then {name} {verb} the {noun} and the {noun2}.",
+    "the {noun} was {adj}, so {name} {verb} the {noun2} again.",
     "{name} and {friend} {verb} a {adj} {noun} near the {noun2}.",
-    "after that, {pro} looked at the {noun} for a long time.",
-    "everyone in {place} talked about the {adj} {noun}.",
-    "{friend} said that the {noun} was too {adj}.",
-    "in the morning {name} went to {place} with a {noun}.",
-    "{pro} {verb} the {noun} before the {noun2} was ready.",
-    "by evening the {noun} and the {noun2} were {adj}.",
-    "{name} asked {friend} where the {adj} {noun} was.",
-    "it was the most {adj} {noun} that {name} had ever seen.",
+    "after that, {name} looked at the {noun} and the {noun2} for a long time.",
+    "everyone in {place} told {name} about the {adj} {noun} and the {noun2}.",
+    "{friend} told {name} that the {noun} was too {adj} for the {noun2}.",
+    "in the morning {name} went to {place} with a {noun} and a {noun2}.",
+    "{name} {verb} the {noun} before the {noun2} was ready.",
+    "by evening the {noun} of {name} and the {noun2} were {adj}.",
+    "{name} asked {friend} where the {adj} {noun} and the {noun2} were.",
+    "it was the most {adj} {noun} that {name} had ever seen near a {noun2}.",
 ]
 
 
