@@ -20,6 +20,7 @@ ITEM_MODULES = (
     "course_lib.grading.items.multihead",
     "course_lib.grading.items.positional",
     "course_lib.grading.items.transformer",
+    "course_lib.grading.items.bert",
     "course_lib.grading.items.gpt",
 )
 

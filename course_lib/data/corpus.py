@@ -1,0 +1,182 @@
+"""An offline English corpus of documents for pre-training a small BERT.
+
+Nothing is downloaded: :func:`story_corpus` writes short stories on the machine, each
+a *document* of several *sentences* about one topic (the kitchen, the farm, the sea,
+...) with a main character who stays the same through the story. Topic words and the
+character tie the sentences of a document together, which is what next-sentence
+prediction can pick up, and the templates give masked-language modelling something to
+learn. :func:`load_text_documents` reads your own text file instead (documents
+separated by blank lines).
+
+A corpus is a ``list[list[str]]``: documents, each a list of sentences.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+__all__ = ["TOPICS", "story_corpus", "topic_sentences", "load_text_documents", "split_sentences"]
+
+Corpus = list[list[str]]
+
+# topic -> (nouns, past-tense verbs, adjectives, places)
+TOPICS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
+    "kitchen": (
+        ["bread", "soup", "flour", "oven", "pan", "onion", "garlic", "butter", "kettle", "spoon",
+         "plate", "cake", "carrot", "pepper", "dough"],
+        ["baked", "chopped", "stirred", "tasted", "washed", "boiled", "sliced", "mixed"],
+        ["warm", "fresh", "salty", "sweet", "crisp", "golden"],
+        ["the kitchen", "the bakery", "the pantry"],
+    ),
+    "farm": (
+        ["cow", "barn", "hay", "tractor", "sheep", "fence", "goat", "wheat", "chicken", "pig",
+         "horse", "seed", "plough", "bucket", "pasture"],
+        ["fed", "milked", "planted", "harvested", "mended", "herded", "watered", "sheared"],
+        ["muddy", "hungry", "tall", "quiet", "dusty", "strong"],
+        ["the farm", "the barn", "the meadow"],
+    ),
+    "sea": (
+        ["boat", "sail", "wave", "anchor", "harbor", "net", "fish", "rope", "deck", "island",
+         "gull", "lighthouse", "mast", "tide", "oar"],
+        ["rowed", "steered", "tied", "hoisted", "spotted", "pulled", "cast", "caught"],
+        ["salty", "wet", "stormy", "blue", "calm", "rough"],
+        ["the harbor", "the beach", "the open sea"],
+    ),
+    "school": (
+        ["book", "pencil", "lesson", "teacher", "desk", "chalk", "map", "exam", "library",
+         "notebook", "ruler", "poem", "essay", "globe", "homework"],
+        ["read", "wrote", "studied", "copied", "explained", "answered", "drew", "corrected"],
+        ["long", "difficult", "neat", "clever", "boring", "new"],
+        ["the classroom", "the library", "the school"],
+    ),
+    "forest": (
+        ["tree", "trail", "fox", "river", "moss", "owl", "tent", "pine", "deer", "mushroom",
+         "branch", "stream", "campfire", "cabin", "log"],
+        ["climbed", "followed", "gathered", "crossed", "lit", "tracked", "found", "chopped"],
+        ["green", "dark", "wild", "cold", "ancient", "quiet"],
+        ["the forest", "the woods", "the valley"],
+    ),
+    "music": (
+        ["piano", "song", "violin", "drum", "guitar", "melody", "choir", "concert", "flute",
+         "rhythm", "stage", "trumpet", "chord", "band", "orchestra"],
+        ["played", "tuned", "practised", "sang", "composed", "rehearsed", "hummed", "performed"],
+        ["loud", "soft", "beautiful", "slow", "lively", "sad"],
+        ["the concert hall", "the studio", "the music room"],
+    ),
+    "city": (
+        ["bus", "market", "street", "shop", "tram", "bridge", "tower", "cafe", "crowd",
+         "station", "taxi", "square", "museum", "ticket", "train"],
+        ["visited", "crossed", "waited for", "caught", "missed", "photographed", "bought", "entered"],
+        ["busy", "noisy", "crowded", "modern", "huge", "bright"],
+        ["the city", "the old town", "the station"],
+    ),
+    "space": (
+        ["rocket", "planet", "star", "moon", "telescope", "orbit", "comet", "astronaut",
+         "engine", "satellite", "crater", "galaxy", "capsule", "signal", "helmet"],
+        ["launched", "observed", "repaired", "measured", "tracked", "landed", "scanned", "studied"],
+        ["distant", "bright", "silent", "frozen", "enormous", "strange"],
+        ["the space station", "the observatory", "mission control"],
+    ),
+    "garden": (
+        ["rose", "tulip", "shovel", "hose", "hedge", "lawn", "seedling", "bee", "worm",
+         "flower", "basket", "vine", "tomato", "greenhouse", "soil"],
+        ["pruned", "dug", "weeded", "picked", "trimmed", "sowed", "planted", "watered"],
+        ["green", "colourful", "fragrant", "sunny", "tidy", "ripe"],
+        ["the garden", "the greenhouse", "the orchard"],
+    ),
+    "sport": (
+        ["ball", "goal", "team", "coach", "race", "match", "stadium", "whistle", "medal",
+         "racket", "net", "score", "trophy", "referee", "helmet"],
+        ["kicked", "won", "lost", "trained for", "threw", "caught", "scored", "cheered for"],
+        ["fast", "tired", "proud", "strong", "close", "final"],
+        ["the stadium", "the gym", "the pitch"],
+    ),
+}
+
+NAMES = [("anna", "she"), ("ben", "he"), ("clara", "she"), ("david", "he"), ("emma", "she"),
+         ("felix", "he"), ("grace", "she"), ("henry", "he"), ("iris", "she"), ("jack", "he"),
+         ("lena", "she"), ("max", "he"), ("nora", "she"), ("oscar", "he"), ("paula", "she"),
+         ("quinn", "he"), ("rosa", "she"), ("sam", "he"), ("tara", "she"), ("victor", "he"),
+         ("wendy", "she"), ("yusuf", "he"), ("zoe", "she"), ("leo", "he")]
+
+_TEMPLATES = [
+    "{name} {verb} the {adj} {noun} and the {noun2} in {place}.",
+    "then {name} {verb} the {noun} and the {noun2}.",
+    "the {noun} was {adj}, so {name} {verb} the {noun2} again.",
+    "{name} and {friend} {verb} a {adj} {noun} near the {noun2}.",
+    "after that, {name} looked at the {noun} and the {noun2} for a long time.",
+    "everyone in {place} told {name} about the {adj} {noun} and the {noun2}.",
+    "{friend} told {name} that the {noun} was too {adj} for the {noun2}.",
+    "in the morning {name} went to {place} with a {noun} and a {noun2}.",
+    "{name} {verb} the {noun} before the {noun2} was ready.",
+    "by evening the {noun} of {name} and the {noun2} were {adj}.",
+    "{name} asked {friend} where the {adj} {noun} and the {noun2} were.",
+    "it was the most {adj} {noun} that {name} had ever seen near a {noun2}.",
+]
+
+
+def topic_sentences(rng: random.Random, topic: str, n: int, name: tuple[str, str] | None = None,
+                    friend: str | None = None) -> list[str]:
+    """``n`` sentences about ``topic`` with one main character (and a friend); each
+    sentence takes up a thing that the sentence before it mentioned."""
+    if topic not in TOPICS:
+        raise ValueError(f"unknown topic {topic!r}; topics: {', '.join(TOPICS)}")
+    nouns, verbs, adjs, places = TOPICS[topic]
+    if name is None:
+        name = rng.choice(NAMES)
+    if friend is None:
+        friend = rng.choice([n for n, _ in NAMES if n != name[0]])
+    out = []
+    previous = None
+    for _ in range(n):
+        noun, noun2 = rng.sample(nouns, 2)
+        if previous is not None and previous != noun2:
+            noun = previous  # the story goes on about what the last sentence mentioned
+        previous = noun2
+        out.append(rng.choice(_TEMPLATES).format(
+            name=name[0], pro=name[1], friend=friend, noun=noun, noun2=noun2, verb=rng.choice(verbs),
+            adj=rng.choice(adjs), place=rng.choice(places)))
+    return out
+
+
+def story_corpus(num_documents: int, seed: int = 0, min_sentences: int = 4,
+                 max_sentences: int = 8) -> tuple[Corpus, list[str]]:
+    """``num_documents`` stories and the topic of each: ``(documents, topics)``.
+
+    Each document has between ``min_sentences`` and ``max_sentences`` sentences about
+    one topic, with one main character; the same seed gives the same corpus.
+    """
+    if num_documents < 1 or not 1 <= min_sentences <= max_sentences:
+        raise ValueError("need num_documents >= 1 and 1 <= min_sentences <= max_sentences")
+    rng = random.Random(seed)
+    docs, topics = [], []
+    names = list(TOPICS)
+    for _ in range(num_documents):
+        topic = rng.choice(names)
+        docs.append(topic_sentences(rng, topic, rng.randint(min_sentences, max_sentences)))
+        topics.append(topic)
+    return docs, topics
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a paragraph into sentences at ``.``, ``!`` or ``?`` followed by white space."""
+    text = " ".join(text.split())
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+
+
+def load_text_documents(path: str | Path, min_sentences: int = 2) -> Corpus:
+    """Read a UTF-8 text file into documents: paragraphs separated by blank lines,
+    split into sentences; documents with fewer than ``min_sentences`` sentences are
+    dropped (next-sentence prediction needs at least two)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no text file at {path}")
+    paragraphs = re.split(r"\n\s*\n", path.read_text(encoding="utf-8"))
+    docs = [split_sentences(p) for p in paragraphs]
+    docs = [d for d in docs if len(d) >= min_sentences]
+    if len(docs) < 2:
+        raise ValueError(f"{path} holds fewer than 2 documents of {min_sentences}+ sentences; "
+                         "separate documents with a blank line")
+    return docs

@@ -1,0 +1,114 @@
+"""Notebook 07 graded end to end by the real nbgrader: a correct notebook, the released
+stubs, the catalogued mistakes the issue names, a call to the reference and a syntax
+error; exact scores, and the feedback names each mistake."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+
+from nbtools import Course, replace_solution, solution_sources, text
+
+pytestmark = pytest.mark.slow
+
+A = "07_bert_mlm_nsp"
+SOL = solution_sources(A)
+
+
+def _edit(item: str, old: str, new: str) -> str:
+    assert old in SOL[item], f"{old!r} not in the solution of {item}"
+    return SOL[item].replace(old, new)
+
+
+TIES_LARGEST = _edit("bpe_train", "pair = min(p for p, c", "pair = max(p for p, c")
+LEFTMOST_FIRST = _edit("bpe_encode", "pair = min(found)[1]", "pair = found[0][1]")
+SPECIALS_MASKED = _edit("mask_tokens", "< mlm_probability) & ~special", "< mlm_probability)")
+ALL_MASKED = _edit("mask_tokens", "masked[selected & (u < 0.8)] = mask_id", "masked[selected] = mask_id")
+LABELS_EVERYWHERE = _edit("mask_tokens", "labels = torch.where(selected, input_ids, torch.full_like(input_ids, -100))",
+                          "labels = input_ids.clone()")
+FIRST_SEP_IN_B = _edit("make_nsp_input", "[0] * (len(a) + 2) + [1] * (len(b) + 1)", "[0] * (len(a) + 1) + [1] * (len(b) + 2)")
+LOSS_OVER_ALL = _edit("mlm_loss", "ignore_index=-100)", "ignore_index=-100, reduction=\"sum\") / labels.numel()")
+NSP_LAST = _edit("NSPHead", "hidden[:, 0]", "hidden[:, -1]")
+CALLS_REFERENCE = '''
+from course_lib.bert import mlm_loss as _reference
+
+def mlm_loss(logits, labels):
+    return _reference(logits, labels)
+'''
+SYNTAX_ERROR = "def make_nsp_input(tokens_a, tokens_b, cls_id, sep_id)\n    return None\n"
+
+ITEMS = ("bpe_train", "bpe_encode", "make_nsp_input", "BertEmbeddings", "mask_tokens", "mlm_loss", "NSPHead")
+FULL = (4, 3, 2, 3, 5, 2, 3)
+
+
+def _with(**scores):
+    return tuple(scores.get(item, full) for item, full in zip(ITEMS, FULL))
+
+
+# student -> (cells that differ from the correct answers, expected points per test cell,
+#             fragment the feedback must show)
+SUBMISSIONS = {
+    "correct": (dict(SOL), FULL, None),
+    "stubs": ({}, (0,) * len(ITEMS), "still contains the stub"),
+    "ties_largest": ({"bpe_train": TIES_LARGEST}, _with(bpe_train=1), "Ties are broken the wrong way"),
+    "leftmost_first": ({"bpe_encode": LEFTMOST_FIRST}, _with(bpe_encode=1), "Merges are applied out of priority order"),
+    "specials_masked": ({"mask_tokens": SPECIALS_MASKED}, _with(mask_tokens=1), "Special tokens were selected"),
+    "all_masked": ({"mask_tokens": ALL_MASKED}, _with(mask_tokens=3), "The 80/10/10 split is wrong"),
+    "labels_everywhere": ({"mask_tokens": LABELS_EVERYWHERE}, _with(mask_tokens=0),
+                          "Labels are set at positions that were not selected"),
+    "first_sep_in_b": ({"make_nsp_input": FIRST_SEP_IN_B}, _with(make_nsp_input=0),
+                       "Segment ids are wrong around [SEP]"),
+    "loss_over_all": ({"mlm_loss": LOSS_OVER_ALL}, _with(mlm_loss=0), "The loss is averaged over all positions"),
+    "nsp_last": ({"NSPHead": NSP_LAST}, _with(NSPHead=1), "NSP is pooled from the wrong position"),
+    "calls_reference": ({"mlm_loss": CALLS_REFERENCE}, _with(mlm_loss=0), "the course's reference for this item"),
+    "syntax_error": ({"make_nsp_input": SYNTAX_ERROR}, _with(make_nsp_input=0), "NameError"),
+}
+
+
+@pytest.fixture(scope="module")
+def graded():
+    course = Course([A])
+    try:
+        course.generate(A)
+        released = course.released(A)
+        for student, (cells, _, _) in SUBMISSIONS.items():
+            nb = released
+            for gid, source in ({**SOL, **cells} if student != "stubs" else {}).items():
+                nb = replace_solution(nb, gid, source)
+            course.submit(student, A, nb)
+        course.autograde(A)
+        course.generate_feedback(A)
+        yield course, course.scores(A)
+    finally:
+        course.close()
+
+
+@pytest.mark.parametrize("student", SUBMISSIONS)
+def test_exact_scores(graded, student):
+    course, scores = graded
+    expected = SUBMISSIONS[student][1]
+    got = tuple(scores[student][f"test_{item}"] for item in ITEMS)
+    assert got == expected, f"{student}: {dict(zip(ITEMS, got))}"
+    assert scores[student]["code"] == sum(expected)
+
+
+@pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
+def test_feedback_names_the_mistake(graded, student):
+    course, _ = graded
+    fragment = SUBMISSIONS[student][2]
+    page = html.unescape(course.feedback_html(student, A))
+    assert fragment in page, f"feedback for {student} does not say {fragment!r}"
+
+
+def test_mask_tokens_report_is_a_message_not_a_traceback(graded):
+    course, _ = graded
+    nb = course.autograded("all_masked", A)
+    for c in nb.cells:
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_mask_tokens":
+            out = text(c)
+            assert "Likely cause:" in out and "Traceback" not in out
+            assert not any(o.output_type == "error" for o in c.outputs)
+            break
+    else:
+        pytest.fail("test cell not found")
