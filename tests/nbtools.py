@@ -63,7 +63,9 @@ def execute(path: Path, timeout: int = 600, grading: bool = False) -> tuple[nbfo
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    NOTEBOOK_TIMES[f"{Path(path).parent.name}/{Path(path).name}" + (" (grading mode)" if grading else "")] = seconds
+    path = Path(path)
+    NOTEBOOK_TIMES[f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
+                   + (" (grading mode)" if grading else "")] = seconds
     return nb, seconds
 
 
