@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import torch
 
 from .attention import scaled_dot_product_attention
+from .device import torch_threads
 
 __all__ = ["attention_cost"]
 
@@ -38,13 +39,8 @@ def attention_cost(
     machine); ``None`` keeps PyTorch's setting.
     """
     device = torch.device(device)
-    saved_threads = torch.get_num_threads()
-    if threads is not None and device.type == "cpu":
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads if device.type == "cpu" else None):
         return _measure(lengths, d_k, heads, repeats, device, attend)
-    finally:
-        torch.set_num_threads(saved_threads)
 
 
 def _measure(lengths, d_k, heads, repeats, device, attend) -> dict[str, list]:

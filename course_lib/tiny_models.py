@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .attention import causal_mask
+from .device import torch_threads
 from .multihead import MultiHeadAttention
 from .positional import (
     LearnedPositionalEmbedding, RelativeSelfAttention, RotarySelfAttention, SinusoidalPositionalEncoding,
@@ -162,13 +163,8 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / max(1, steps))))
-    threads_before = torch.get_num_threads()
-    if cpu_threads is not None and device.type == "cpu":
-        torch.set_num_threads(cpu_threads)
-    try:
+    with torch_threads(cpu_threads if device.type == "cpu" else None):
         return _train(model, make_batch, steps, loss_fn, opt, sched, attention_penalty, progress, description)
-    finally:
-        torch.set_num_threads(threads_before)
 
 
 def _train(model, make_batch, steps, loss_fn, opt, sched, attention_penalty, progress, description) -> list[float]:
