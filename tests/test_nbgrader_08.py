@@ -5,11 +5,10 @@ that the feedback names each mistake."""
 
 from __future__ import annotations
 
-import html
 
 import pytest
 
-from nbtools import Course, replace_solution, solution_sources, text
+from nbtools import assert_feedback_says, assert_scores, grade_class, solution_sources, text
 
 pytestmark = pytest.mark.slow
 
@@ -60,38 +59,19 @@ SUBMISSIONS = {
 
 @pytest.fixture(scope="module")
 def graded():
-    course = Course([A])
-    try:
-        course.generate(A)
-        released = course.released(A)
-        for student, (cells, _, _) in SUBMISSIONS.items():
-            nb = released
-            if cells is not None:  # every submission but the stubs starts from the correct answers
-                for gid, source in {**SOL, **cells}.items():
-                    nb = replace_solution(nb, gid, source)
-            course.submit(student, A, nb)
-        course.autograde(A)
-        course.generate_feedback(A)
-        yield course, course.scores(A)
-    finally:
-        course.close()
+    course, scores = grade_class(A, SUBMISSIONS)
+    yield course, scores
+    course.close()
 
 
 @pytest.mark.parametrize("student", SUBMISSIONS)
 def test_exact_scores(graded, student):
-    course, scores = graded
-    expected = SUBMISSIONS[student][1]
-    got = tuple(scores[student][f"test_{item}"] for item in ITEMS)
-    assert got == expected, f"{student}: {dict(zip(ITEMS, got))}"
-    assert scores[student]["code"] == sum(expected)
+    assert_scores(graded[1], student, ITEMS, SUBMISSIONS[student][1])
 
 
 @pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
 def test_feedback_names_the_mistakes(graded, student):
-    course, _ = graded
-    page = html.unescape(course.feedback_html(student, A))
-    for fragment in SUBMISSIONS[student][2]:
-        assert fragment in page, f"feedback for {student} does not say {fragment!r}"
+    assert_feedback_says(graded[0], A, student, SUBMISSIONS[student][2])
 
 
 def test_graded_test_cells_print_reports_not_tracebacks(graded):

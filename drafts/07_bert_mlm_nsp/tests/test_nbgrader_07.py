@@ -4,11 +4,10 @@ error; exact scores, and the feedback names each mistake."""
 
 from __future__ import annotations
 
-import html
 
 import pytest
 
-from nbtools import Course, replace_solution, solution_sources, text
+from nbtools import assert_feedback_says, assert_scores, grade_class, solution_sources, text
 
 pytestmark = pytest.mark.slow
 
@@ -68,37 +67,19 @@ SUBMISSIONS = {
 
 @pytest.fixture(scope="module")
 def graded():
-    course = Course([A])
-    try:
-        course.generate(A)
-        released = course.released(A)
-        for student, (cells, _, _) in SUBMISSIONS.items():
-            nb = released
-            for gid, source in ({**SOL, **cells} if student != "stubs" else {}).items():
-                nb = replace_solution(nb, gid, source)
-            course.submit(student, A, nb)
-        course.autograde(A)
-        course.generate_feedback(A)
-        yield course, course.scores(A)
-    finally:
-        course.close()
+    course, scores = grade_class(A, SUBMISSIONS)
+    yield course, scores
+    course.close()
 
 
 @pytest.mark.parametrize("student", SUBMISSIONS)
 def test_exact_scores(graded, student):
-    course, scores = graded
-    expected = SUBMISSIONS[student][1]
-    got = tuple(scores[student][f"test_{item}"] for item in ITEMS)
-    assert got == expected, f"{student}: {dict(zip(ITEMS, got))}"
-    assert scores[student]["code"] == sum(expected)
+    assert_scores(graded[1], student, ITEMS, SUBMISSIONS[student][1])
 
 
 @pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
 def test_feedback_names_the_mistake(graded, student):
-    course, _ = graded
-    fragment = SUBMISSIONS[student][2]
-    page = html.unescape(course.feedback_html(student, A))
-    assert fragment in page, f"feedback for {student} does not say {fragment!r}"
+    assert_feedback_says(graded[0], A, student, SUBMISSIONS[student][2])
 
 
 def test_mask_tokens_report_is_a_message_not_a_traceback(graded):
