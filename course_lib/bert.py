@@ -99,25 +99,40 @@ def make_nsp_input(tokens_a: Sequence[int], tokens_b: Sequence[int], cls_id: int
     return input_ids, segment_ids
 
 
-def sample_nsp_pairs(documents: Sequence[Sequence[Any]], n: int, rng: random.Random) -> list[tuple[Any, Any, int]]:
+def sample_nsp_pairs(documents: Sequence[Sequence[Any]], n: int, rng: random.Random,
+                     topics: Sequence[Any] | None = None) -> list[tuple[Any, Any, int]]:
     """``n`` sentence pairs ``(A, B, label)``: half IsNext (B follows A in its document,
     label 0), half NotNext (B is a random sentence of another document, label 1).
 
     documents: at least two, each a sequence of sentences (strings or token lists).
+    topics: optional, one label per document; NotNext sentences then come from a
+    document with a *different* topic, so that every NotNext pair changes subject.
     """
     usable = [i for i, d in enumerate(documents) if len(d) >= 2]
     if not usable or len(documents) < 2:
         raise ValueError("need at least two documents, one of them with two or more sentences")
+    if topics is not None:
+        if len(topics) != len(documents):
+            raise ValueError(f"got {len(topics)} topics for {len(documents)} documents")
+        by_topic: dict[Any, list[int]] = {}
+        for i, t in enumerate(topics):
+            by_topic.setdefault(t, []).append(i)
+        if len(by_topic) < 2:
+            raise ValueError("NotNext from a different topic needs documents of at least two topics")
     pairs = []
     for k in range(n):
         d = rng.choice(usable)
         j = rng.randrange(len(documents[d]) - 1)
         if k % 2 == 0:
             pairs.append((documents[d][j], documents[d][j + 1], IS_NEXT))
-        else:
+            continue
+        if topics is None:
             other = rng.randrange(len(documents) - 1)
             other += other >= d  # any document but d
-            pairs.append((documents[d][j], rng.choice(documents[other]), NOT_NEXT))
+        else:
+            while topics[other := rng.randrange(len(documents))] == topics[d]:
+                pass
+        pairs.append((documents[d][j], rng.choice(documents[other]), NOT_NEXT))
     rng.shuffle(pairs)
     return pairs
 
@@ -259,19 +274,21 @@ class PretrainingData:
     ``batch(batch_size, rng, generator)`` returns a dict with ``input_ids``,
     ``segment_ids``, ``attention_mask`` (True = real token), ``mlm_labels`` and
     ``nsp_labels``; every pair is padded to the longest in the batch and cut to
-    ``max_len`` (the longer sentence loses its tail).
+    ``max_len`` (the longer sentence loses its tail). With ``topics`` (one per
+    document), NotNext sentences come from a document of another topic.
     """
 
     tokenizer: SubwordTokenizer
     documents: list[list[list[int]]]
     max_len: int = 64
     mlm_probability: float = 0.15
+    topics: list[Any] | None = None
 
     @classmethod
     def from_text(cls, tokenizer: SubwordTokenizer, documents: Sequence[Sequence[str]], max_len: int = 64,
-                  mlm_probability: float = 0.15) -> "PretrainingData":
+                  mlm_probability: float = 0.15, topics: Sequence[Any] | None = None) -> "PretrainingData":
         docs = [[tokenizer.encode(s) for s in doc] for doc in documents]
-        return cls(tokenizer, docs, max_len, mlm_probability)
+        return cls(tokenizer, docs, max_len, mlm_probability, None if topics is None else list(topics))
 
     def _truncate(self, a: list[int], b: list[int]) -> tuple[list[int], list[int]]:
         budget = self.max_len - 3
@@ -301,7 +318,7 @@ class PretrainingData:
         return batch
 
     def batch(self, batch_size: int, rng: random.Random, generator: torch.Generator | None = None) -> dict[str, Tensor]:
-        return self.collate(sample_nsp_pairs(self.documents, batch_size, rng), generator)
+        return self.collate(sample_nsp_pairs(self.documents, batch_size, rng, self.topics), generator)
 
 
 def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
@@ -309,9 +326,16 @@ def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
 
 
 def pretraining_loss(model: BertForPreTraining, batch: dict[str, Tensor]) -> Tensor:
-    """MLM loss + NSP loss on one batch."""
-    mlm_logits, nsp_logits = model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
-    return mlm_loss(mlm_logits, batch["mlm_labels"]) + F.cross_entropy(nsp_logits, batch["nsp_labels"])
+    """MLM loss + NSP loss on one batch.
+
+    Like the original BERT code, the MLM head runs only at the selected positions (about
+    15% of them): the same loss as :func:`mlm_loss` on the full ``(B, T, V)`` logits,
+    for a fraction of the cost of the vocabulary-sized output layer.
+    """
+    hidden = model.encoder(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
+    selected = batch["mlm_labels"] != -100
+    mlm = F.cross_entropy(model.mlm(hidden[selected]), batch["mlm_labels"][selected]) if selected.any() else hidden.sum() * 0
+    return mlm + F.cross_entropy(model.nsp(hidden), batch["nsp_labels"])
 
 
 def pretrain(model: BertForPreTraining, data: PretrainingData, steps: int, batch_size: int = 64, lr: float = 1e-3,
@@ -330,7 +354,7 @@ def pretrain(model: BertForPreTraining, data: PretrainingData, steps: int, batch
 @torch.no_grad()
 def _eval_batches(data: PretrainingData, n_pairs: int, seed: int, batch_size: int = 200) -> list[dict[str, Tensor]]:
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    pairs = sample_nsp_pairs(data.documents, n_pairs, rng)
+    pairs = sample_nsp_pairs(data.documents, n_pairs, rng, data.topics)
     return [data.collate(pairs[i: i + batch_size], generator) for i in range(0, n_pairs, batch_size)]
 
 

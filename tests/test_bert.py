@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from course_lib import bert
 from course_lib.bpe import bpe_encode, bpe_train, wordpiece_display
-from course_lib.data.corpus import TOPICS, load_text_documents, split_sentences, story_corpus, topic_sentences
+from course_lib.data.corpus import (NAMES, TOPICS, load_text_documents, split_sentences, story_corpus,
+                                   topic_classification, topic_sentences)
 from course_lib.tokenizer import SPECIALS, SubwordTokenizer, pre_tokenize
 
 
@@ -77,6 +78,21 @@ def test_story_corpus_is_reproducible_and_topical():
         topic_sentences(random.Random(0), "cooking", 2)
 
 
+def test_topic_classification_gives_a_new_character_to_every_sentence():
+    sentences, labels = topic_classification(20, seed=5)
+    assert len(sentences) == 20 * len(TOPICS) and labels == [i for i in range(len(TOPICS)) for _ in range(20)]
+    assert (sentences, labels) == topic_classification(20, seed=5)
+    names = {n for n, _ in NAMES}
+    for label, topic in enumerate(TOPICS):
+        nouns = TOPICS[topic][0]
+        own = [s for s, lab in zip(sentences, labels) if lab == label]
+        assert all(any(n in s.split() or n + "." in s.split() for n in nouns) for s in own)
+        # a topic is not tied to one character: its 20 sentences use many names
+        assert len({w for s in own for w in s.replace(",", "").replace(".", "").split() if w in names}) > 5
+    with pytest.raises(ValueError):
+        topic_classification(0)
+
+
 def test_load_text_documents(tmp_path):
     path = tmp_path / "text.txt"
     path.write_text("First one. Second one!\nThird?\n\nOnly one.\n\nA b. C d. E f.\n")
@@ -132,6 +148,34 @@ def test_nsp_pairs_half_is_next_and_not_next_from_another_document():
             assert da != db
     with pytest.raises(ValueError):
         bert.sample_nsp_pairs([["only one"]], 2, random.Random(0))
+
+
+def test_nsp_pairs_not_next_from_another_topic():
+    docs = [[f"d{d}s{s}" for s in range(4)] for d in range(30)]
+    topics = [d % 3 for d in range(30)]
+    pairs = bert.sample_nsp_pairs(docs, 600, random.Random(1), topics)
+    assert [lab for _, _, lab in pairs].count(bert.NOT_NEXT) == 300
+    for a, b, lab in pairs:
+        da, db = int(a[1:].split("s")[0]), int(b[1:].split("s")[0])
+        assert (topics[da] == topics[db]) if lab == bert.IS_NEXT else (topics[da] != topics[db])
+    with pytest.raises(ValueError, match="2 topics for 30 documents"):
+        bert.sample_nsp_pairs(docs, 4, random.Random(0), [0, 1])
+    with pytest.raises(ValueError, match="at least two topics"):
+        bert.sample_nsp_pairs(docs, 4, random.Random(0), [0] * 30)
+
+
+def test_pretraining_loss_runs_the_mlm_head_at_selected_positions_only():
+    docs, topics = story_corpus(40, seed=2)
+    tok = SubwordTokenizer.train([s for d in docs for s in d], 80)
+    data = bert.PretrainingData.from_text(tok, docs, max_len=40, topics=topics)
+    batch = data.batch(16, random.Random(0), torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = bert.BertForPreTraining(len(tok), d_model=16, num_heads=2, d_ff=32, num_layers=1, max_len=40).double()
+    mlm_logits, nsp_logits = model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
+    full = bert.mlm_loss(mlm_logits, batch["mlm_labels"]) + F.cross_entropy(nsp_logits, batch["nsp_labels"])
+    assert torch.allclose(bert.pretraining_loss(model, batch), full, atol=1e-12)
+    batch["mlm_labels"][:] = -100  # nothing selected: the NSP loss alone, not nan
+    assert torch.allclose(bert.pretraining_loss(model, batch), F.cross_entropy(nsp_logits, batch["nsp_labels"]))
 
 
 def test_make_nsp_input_and_embeddings():

@@ -17,7 +17,8 @@ import random
 import re
 from pathlib import Path
 
-__all__ = ["TOPICS", "story_corpus", "topic_sentences", "load_text_documents", "split_sentences"]
+__all__ = ["TOPICS", "story_corpus", "topic_sentences", "topic_classification", "load_text_documents",
+           "split_sentences"]
 
 Corpus = list[list[str]]
 
@@ -101,19 +102,15 @@ NAMES = [("anna", "she"), ("ben", "he"), ("clara", "she"), ("david", "he"), ("em
          ("quinn", "he"), ("rosa", "she"), ("sam", "he"), ("tara", "she"), ("victor", "he"),
          ("wendy", "she"), ("yusuf", "he"), ("zoe", "she"), ("leo", "he")]
 
+# Short sentences, mostly topic words: what a story is about shows in nearly every token,
+# so that a small model can tell two stories apart (next-sentence prediction).
 _TEMPLATES = [
-    "{name} {verb} the {adj} {noun} and the {noun2} in {place}.",
-    "then {name} {verb} the {noun} and the {noun2}.",
-    "the {noun} was {adj}, so {name} {verb} the {noun2} again.",
+    "{name} {verb} the {adj} {noun} in {place}.",
+    "{name} {verb} the {noun} and the {noun2}.",
+    "the {noun} was {adj}, so {name} {verb} the {noun2}.",
     "{name} and {friend} {verb} a {adj} {noun} near the {noun2}.",
-    "after that, {name} looked at the {noun} and the {noun2} for a long time.",
-    "everyone in {place} told {name} about the {adj} {noun} and the {noun2}.",
-    "{friend} told {name} that the {noun} was too {adj} for the {noun2}.",
-    "in the morning {name} went to {place} with a {noun} and a {noun2}.",
-    "{name} {verb} the {noun} before the {noun2} was ready.",
-    "by evening the {noun} of {name} and the {noun2} were {adj}.",
-    "{name} asked {friend} where the {adj} {noun} and the {noun2} were.",
-    "it was the most {adj} {noun} that {name} had ever seen near a {noun2}.",
+    "in {place} {name} {verb} the {adj} {noun2}.",
+    "{friend} {verb} the {noun} while {name} {verb2} the {noun2}.",
 ]
 
 
@@ -136,7 +133,7 @@ def topic_sentences(rng: random.Random, topic: str, n: int, name: tuple[str, str
             noun = previous  # the story goes on about what the last sentence mentioned
         previous = noun2
         out.append(rng.choice(_TEMPLATES).format(
-            name=name[0], pro=name[1], friend=friend, noun=noun, noun2=noun2, verb=rng.choice(verbs),
+            name=name[0], friend=friend, noun=noun, noun2=noun2, verb=rng.choice(verbs), verb2=rng.choice(verbs),
             adj=rng.choice(adjs), place=rng.choice(places)))
     return out
 
@@ -158,6 +155,21 @@ def story_corpus(num_documents: int, seed: int = 0, min_sentences: int = 4,
         docs.append(topic_sentences(rng, topic, rng.randint(min_sentences, max_sentences)))
         topics.append(topic)
     return docs, topics
+
+
+def topic_classification(per_topic: int, seed: int = 0) -> tuple[list[str], list[int]]:
+    """A labelled task: ``per_topic`` sentences of every topic and their labels (the
+    topic's index in :data:`TOPICS`). Every sentence comes from a new story with a new
+    character, so that a name never gives the topic away."""
+    if per_topic < 1:
+        raise ValueError(f"per_topic must be >= 1, got {per_topic}")
+    rng = random.Random(seed)
+    sentences, labels = [], []
+    for label, topic in enumerate(TOPICS):
+        for _ in range(per_topic):
+            sentences += topic_sentences(rng, topic, 1)
+            labels.append(label)
+    return sentences, labels
 
 
 def split_sentences(text: str) -> list[str]:
