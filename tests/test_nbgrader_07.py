@@ -49,7 +49,7 @@ def _with(**scores):
 #             fragment the feedback must show)
 SUBMISSIONS = {
     "correct": (dict(SOL), FULL, None),
-    "stubs": ({}, (0,) * len(ITEMS), "still contains the stub"),
+    "stubs": (None, (0,) * len(ITEMS), "still contains the stub"),
     "ties_largest": ({"bpe_train": TIES_LARGEST}, _with(bpe_train=1), "Ties are broken the wrong way"),
     "leftmost_first": ({"bpe_encode": LEFTMOST_FIRST}, _with(bpe_encode=1), "Merges are applied out of priority order"),
     "specials_masked": ({"mask_tokens": SPECIALS_MASKED}, _with(mask_tokens=1), "Special tokens were selected"),
