@@ -7,25 +7,25 @@ per position or pooled over the sequence. The attention is course_lib's
 ``RotarySelfAttention``. Notebook 06 builds the full Transformer block by block; this
 model only serves the experiments of notebooks 04 and 05.
 
-``fit`` trains any model for a number of steps on freshly generated batches.
+``fit`` trains any model for a number of steps on freshly generated batches (AdamW,
+cosine decay, an optional attention penalty) with :func:`course_lib.training.train`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from .attention import causal_mask
-from .device import torch_threads
 from .multihead import MultiHeadAttention
 from .positional import (
     LearnedPositionalEmbedding, RelativeSelfAttention, RotarySelfAttention, SinusoidalPositionalEncoding,
 )
+from .training import train
 
 __all__ = ["POSITIONS", "TinyTransformer", "fit", "accuracy"]
 
@@ -159,35 +159,22 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     device = next(model.parameters()).device
-    loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / max(1, steps))))
-    with torch_threads(cpu_threads if device.type == "cpu" else None):
-        return _train(model, make_batch, steps, loss_fn, opt, sched, attention_penalty, progress, description)
+    task_loss = loss_fn or (lambda logits, y: F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)))
+    task_losses: list[float] = []
 
-
-def _train(model, make_batch, steps, loss_fn, opt, sched, attention_penalty, progress, description) -> list[float]:
-    device = next(model.parameters()).device
-    model.train()
-    history: list[float] = []
-    bar: Iterable[int] = tqdm(range(steps), desc=description, disable=not progress, leave=False)
-    for _ in bar:
-        *inputs, y = (t.to(device) for t in make_batch())
+    def step_loss(model: nn.Module, batch: tuple[Tensor, ...]) -> Tensor:
+        *inputs, y = (t.to(device) for t in batch)
         if attention_penalty is None:
-            loss = loss_fn(model(*inputs), y)
-            total = loss
+            loss = total = task_loss(model(*inputs), y)
         else:
             logits, weights = model(*inputs, return_attention=True)
-            loss = loss_fn(logits, y)
+            loss = task_loss(logits, y)
             total = loss + attention_penalty(weights)
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        history.append(loss.item())
-        if progress and len(history) % 50 == 0:
-            bar.set_postfix(loss=f"{sum(history[-50:]) / 50:.3f}")
-    model.eval()
-    return history
+        task_losses.append(loss.item())
+        return total
+
+    train(model, next_batch=lambda step: make_batch(), loss_fn=step_loss, steps=steps,
+          optimizer=torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay),
+          schedule=lambda step: 0.5 * (1 + math.cos(math.pi * step / max(1, steps))),
+          progress=progress, desc=description, num_threads=cpu_threads if device.type == "cpu" else None)
+    return task_losses
