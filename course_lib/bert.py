@@ -30,7 +30,7 @@ from .training import TrainHistory, train
 
 __all__ = [
     "IS_NEXT", "NOT_NEXT", "mask_tokens", "make_nsp_input", "sample_nsp_pairs", "BertEmbeddings",
-    "BertEncoder", "MLMHead", "NSPHead", "BertForPreTraining", "mlm_loss", "PretrainingData",
+    "BertEncoder", "init_bert_weights", "MLMHead", "NSPHead", "BertForPreTraining", "mlm_loss", "PretrainingData",
     "pretrain", "mlm_accuracy", "unigram_baseline", "nsp_accuracy", "SequenceClassifier",
     "classification_batch", "finetune", "classification_accuracy", "layer_features", "probe_layers",
 ]
@@ -165,6 +165,18 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
+def init_bert_weights(module: nn.Module, std: float = 0.02) -> None:
+    """BERT's initialisation, in place: the weights of every ``nn.Linear`` and
+    ``nn.Embedding`` in ``module`` drawn from N(0, std²), linear biases 0 (LayerNorms keep
+    weight 1, bias 0). With PyTorch's default N(0, 1) embeddings, a tied MLM head starts
+    with logits of standard deviation about sqrt(d_model) and a loss near 25 instead of ln V."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, std)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
 def _encoder_layer(d_model: int, num_heads: int, d_ff: int, dropout: float, norm_first: bool) -> nn.Module:
     """The course's Transformer encoder layer (notebook 06)."""
     from .transformer import EncoderLayer
@@ -188,6 +200,7 @@ class BertEncoder(nn.Module):
                                     for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.d_model = d_model
+        init_bert_weights(self)
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor, attention_mask: Tensor | None = None,
                 all_layers: bool = False) -> Tensor | list[Tensor]:
@@ -249,6 +262,8 @@ class BertForPreTraining(nn.Module):
         self.encoder = BertEncoder(vocab_size, d_model, num_heads, d_ff, num_layers, max_len, dropout, norm_first)
         self.mlm = MLMHead(self.encoder.embeddings.token)
         self.nsp = NSPHead(d_model)
+        init_bert_weights(self.mlm.transform)
+        init_bert_weights(self.nsp)
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         hidden = self.encoder(input_ids, segment_ids, attention_mask)
@@ -421,6 +436,8 @@ class SequenceClassifier(nn.Module):
         self.pooler = nn.Linear(encoder.d_model, encoder.d_model)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(encoder.d_model, num_classes)
+        init_bert_weights(self.pooler)
+        init_bert_weights(self.classifier)
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         hidden = self.encoder(input_ids, segment_ids, attention_mask)

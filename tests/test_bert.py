@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -217,6 +218,21 @@ def test_model_heads_tied_padding_and_all_layers():
     assert len(states) == 4 and torch.allclose(states[-1], model.encoder(ids, seg, mask))
 
 
+def test_bert_initialisation_starts_near_uniform_predictions_and_keeps_a_pretrained_encoder():
+    torch.manual_seed(0)
+    model = bert.BertForPreTraining(500, d_model=64, num_heads=4, d_ff=128, num_layers=2, max_len=32)
+    ids = torch.randint(5, 500, (8, 20))
+    with torch.no_grad():
+        token = model.encoder.embeddings.token.weight
+        assert abs(float(token.std()) - 0.02) < 0.002 and float(model.nsp.pooler.bias.abs().max()) == 0.0
+        logits, _ = model(ids, torch.zeros_like(ids))
+    loss = F.cross_entropy(logits.reshape(-1, 500), ids.reshape(-1))
+    assert abs(float(loss) - math.log(500)) < 0.1  # ln V, not the ~25 of N(0, 1) embeddings tied to the output
+    before = {k: v.clone() for k, v in model.encoder.state_dict().items()}
+    bert.SequenceClassifier(model.encoder, 3)  # a new head must not re-initialise the encoder under it
+    assert all(torch.equal(before[k], v) for k, v in model.encoder.state_dict().items())
+
+
 def test_pretraining_and_finetuning_run_and_learn():
     docs, topics = story_corpus(200, seed=0)
     tok = SubwordTokenizer.train([s for d in docs for s in d], 150)
@@ -237,7 +253,7 @@ def test_pretraining_and_finetuning_run_and_learn():
     labels = [names.index(topics[i]) for i in range(40)]
     cls_batch = bert.classification_batch(tok, sentences, labels)
     clf = bert.SequenceClassifier(model.encoder, len(names))
-    bert.finetune(clf, cls_batch, steps=40, lr=3e-3, progress=False)
+    bert.finetune(clf, cls_batch, steps=80, lr=3e-3, progress=False)
     assert bert.classification_accuracy(clf, cls_batch) > 0.5
     feats = bert.layer_features(model.encoder, cls_batch, "mean")
     assert len(feats) == 2 and feats[0].shape == (40, 32)
