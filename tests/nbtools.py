@@ -294,3 +294,42 @@ def assert_feedback_says(course: Course, assignment: str, student: str, fragment
     page = html.unescape(course.feedback_html(student, assignment))
     for fragment in (fragments,) if isinstance(fragments, str) else fragments:
         assert fragment in page, f"feedback for {student} does not say {fragment!r}"
+
+
+def assert_reports_not_tracebacks(course: Course, assignment: str, student: str, grade_ids) -> None:
+    """In the student's autograded notebook, each of the test cells ``grade_ids`` shows a
+    report naming the likely cause of the mistake, not a traceback or an error output."""
+    nb = course.autograded(student, assignment)
+    for gid in grade_ids:
+        c = cell(nb, gid)
+        out = text(c)
+        assert "Likely cause:" in out and "Traceback" not in out, f"{student} {gid}: {out}"
+        assert not any(o.output_type == "error" for o in c.outputs), f"{student} {gid}"
+
+
+def nbgrader_suite(assignment: str, submissions: dict[str, tuple], items: tuple[str, ...]):
+    """The end-to-end grading tests every notebook gets: ``submissions`` (see
+    :func:`grade_class`; ``[1]`` the expected points per item of ``items``, ``[2]`` a
+    fragment the feedback must show, or None) graded once by the real nbgrader.
+
+    Returns ``(graded, test_exact_scores, test_feedback_names_the_mistake)``: assign them
+    to names of the test module, where pytest collects them (``graded`` is the
+    module-scoped fixture ``(course, scores)`` for further tests).
+    """
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def graded():
+        course, scores = grade_class(assignment, submissions)
+        yield course, scores
+        course.close()
+
+    @pytest.mark.parametrize("student", list(submissions))
+    def test_exact_scores(graded, student):
+        assert_scores(graded[1], student, items, submissions[student][1])
+
+    @pytest.mark.parametrize("student", [s for s in submissions if submissions[s][2]])
+    def test_feedback_names_the_mistake(graded, student):
+        assert_feedback_says(graded[0], assignment, student, submissions[student][2])
+
+    return graded, test_exact_scores, test_feedback_names_the_mistake

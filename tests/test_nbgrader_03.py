@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtools import assert_feedback_says, assert_scores, grade_class, solution_sources, text
+from nbtools import assert_reports_not_tracebacks, nbgrader_suite, solution_sources
 
 pytestmark = pytest.mark.slow
 
@@ -67,31 +67,8 @@ SUBMISSIONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def graded():
-    course, scores = grade_class(A, SUBMISSIONS)
-    yield course, scores
-    course.close()
-
-
-@pytest.mark.parametrize("student", SUBMISSIONS)
-def test_exact_scores(graded, student):
-    assert_scores(graded[1], student, ITEMS, SUBMISSIONS[student][1])
-
-
-@pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
-def test_feedback_names_the_mistake(graded, student):
-    assert_feedback_says(graded[0], A, student, SUBMISSIONS[student][2])
+graded, test_exact_scores, test_feedback_names_the_mistake = nbgrader_suite(A, SUBMISSIONS, ITEMS)
 
 
 def test_graded_test_cells_print_reports_not_tracebacks(graded):
-    course, _ = graded
-    nb = course.autograded("softmax_queries", A)
-    for c in nb.cells:
-        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_scaled_dot_product_attention":
-            out = text(c)
-            assert "Likely cause:" in out and "Traceback" not in out
-            assert not any(o.output_type == "error" for o in c.outputs)
-            break
-    else:
-        pytest.fail("test cell not found")
+    assert_reports_not_tracebacks(graded[0], A, "softmax_queries", ["test_scaled_dot_product_attention"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtools import assert_feedback_says, assert_scores, grade_class, solution_sources
+from nbtools import nbgrader_suite, solution_sources
 
 pytestmark = pytest.mark.slow
 
@@ -56,18 +56,4 @@ SUBMISSIONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def graded():
-    course, scores = grade_class(A, SUBMISSIONS)
-    yield course, scores
-    course.close()
-
-
-@pytest.mark.parametrize("student", SUBMISSIONS)
-def test_exact_scores(graded, student):
-    assert_scores(graded[1], student, ITEMS, SUBMISSIONS[student][1])
-
-
-@pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
-def test_feedback_names_the_mistake(graded, student):
-    assert_feedback_says(graded[0], A, student, SUBMISSIONS[student][2])
+graded, test_exact_scores, test_feedback_names_the_mistake = nbgrader_suite(A, SUBMISSIONS, ITEMS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtools import assert_feedback_says, assert_scores, grade_class, solution_sources, stderr, text
+from nbtools import nbgrader_suite, solution_sources, stderr, text
 
 pytestmark = pytest.mark.slow
 
@@ -70,21 +70,7 @@ SUBMISSIONS = {
 # so a wrong LayerNorm (alice) or FFN (dave) also costs points in the layers, as in the notebook.
 
 
-@pytest.fixture(scope="module")
-def graded():
-    course, scores = grade_class(A, SUBMISSIONS)
-    yield course, scores
-    course.close()
-
-
-@pytest.mark.parametrize("student", SUBMISSIONS)
-def test_exact_scores(graded, student):
-    assert_scores(graded[1], student, ITEMS, SUBMISSIONS[student][1])
-
-
-@pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
-def test_feedback_names_each_mistake(graded, student):
-    assert_feedback_says(graded[0], A, student, SUBMISSIONS[student][2])
+graded, test_exact_scores, test_feedback_names_the_mistake = nbgrader_suite(A, SUBMISSIONS, ITEMS)
 
 
 def test_graded_cells_print_reports_not_tracebacks(graded):

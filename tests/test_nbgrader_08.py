@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtools import assert_feedback_says, assert_scores, grade_class, solution_sources, text
+from nbtools import assert_reports_not_tracebacks, nbgrader_suite, solution_sources
 
 pytestmark = pytest.mark.slow
 
@@ -57,32 +57,9 @@ SUBMISSIONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def graded():
-    course, scores = grade_class(A, SUBMISSIONS)
-    yield course, scores
-    course.close()
-
-
-@pytest.mark.parametrize("student", SUBMISSIONS)
-def test_exact_scores(graded, student):
-    assert_scores(graded[1], student, ITEMS, SUBMISSIONS[student][1])
-
-
-@pytest.mark.parametrize("student", [s for s in SUBMISSIONS if SUBMISSIONS[s][2]])
-def test_feedback_names_the_mistakes(graded, student):
-    assert_feedback_says(graded[0], A, student, SUBMISSIONS[student][2])
+graded, test_exact_scores, test_feedback_names_the_mistake = nbgrader_suite(A, SUBMISSIONS, ITEMS)
 
 
 def test_graded_test_cells_print_reports_not_tracebacks(graded):
-    course, _ = graded
-    nb = course.autograded("mistakes_b", A)
-    seen = 0
-    for c in nb.cells:
-        gid = c.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-        if gid in ("test_sample_next_token", "test_generate", "test_few_shot_accuracy"):
-            out = text(c)
-            assert "Likely cause:" in out and "Traceback" not in out, out
-            assert not any(o.output_type == "error" for o in c.outputs)
-            seen += 1
-    assert seen == 3
+    assert_reports_not_tracebacks(graded[0], A, "mistakes_b",
+                                  ["test_sample_next_token", "test_generate", "test_few_shot_accuracy"])
