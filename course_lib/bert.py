@@ -114,10 +114,7 @@ def sample_nsp_pairs(documents: Sequence[Sequence[Any]], n: int, rng: random.Ran
     if topics is not None:
         if len(topics) != len(documents):
             raise ValueError(f"got {len(topics)} topics for {len(documents)} documents")
-        by_topic: dict[Any, list[int]] = {}
-        for i, t in enumerate(topics):
-            by_topic.setdefault(t, []).append(i)
-        if len(by_topic) < 2:
+        if len(set(topics)) < 2:
             raise ValueError("NotNext from a different topic needs documents of at least two topics")
     pairs = []
     for k in range(n):
