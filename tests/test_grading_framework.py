@@ -219,3 +219,82 @@ def test_specs_run_in_a_separate_process_without_a_kernel(tmp_path):
     report = json.loads(proc.stdout)
     assert report["earned"] == 0.0
     assert "use torch.tril" in report["messages"][0]
+
+
+# ---------------------------------------------------------------------------
+# Points decided outside the student's process: plan, answers, judgement
+# ---------------------------------------------------------------------------
+
+def _answers(spec, impl, plan, poisoned=()):
+    """What the student's side would answer (here, with ``poisoned`` references raising)."""
+    from course_lib.grading.calls import Call, perform
+    from course_lib.grading.wire import decode, to_plain
+
+    saved = []
+    for ref in poisoned:
+        if isinstance(ref, type):
+            saved.append((ref, "__init__", ref.__dict__.get("__init__")))
+            ref.__init__ = _unavailable
+        elif not ref.__code__.co_freevars:
+            saved.append((ref, "__code__", ref.__code__))
+            ref.__code__ = _unavailable.__code__
+    try:
+        return [[to_plain(perform(spec, impl, Call.from_data(decode(c, kind="call")))) for c in seg]
+                for seg in plan.segments]
+    finally:
+        for obj, attr, value in saved:
+            delattr(obj, attr) if value is None else setattr(obj, attr, value)
+
+
+def _unavailable(*args, **kwargs):
+    raise RuntimeError("a reference of this notebook was used on the student's side")
+
+
+ITEM_ASSIGNMENT = {item: assignment for assignment, item in SOLUTION_ITEMS}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("item", sorted(SPECS))
+def test_judged_answers_give_the_local_grade(namespaces, item):
+    """For the solution and every catalogued mistake, grading from answers produced on
+    the student's side (with every reference of the notebook unavailable there, as in
+    the sandbox) gives exactly the in-process grade, with salted inputs; a spec's calls
+    never depend on the answers."""
+    from course_lib.grading.runner import judge_item, plan_item
+
+    spec = get_spec(item)
+    salt = 424_242
+    notebook_refs = [get_spec(i).reference for a, i in SOLUTION_ITEMS if a == ITEM_ASSIGNMENT[item]]
+    plan = plan_item(spec, hidden=True, salt=salt)
+    impls = [namespaces[ITEM_ASSIGNMENT[item]][item]] + [m.impl for m in spec.mistakes]
+    for k, impl in enumerate(impls):
+        local = grade(spec, impl, hidden=True, salt=salt)
+        judged = judge_item(spec, plan, _answers(spec, impl, plan, poisoned=notebook_refs if k else ()), salt=salt)
+        assert [(r.earned, r.message) for r in judged.results] == [(r.earned, r.message) for r in local.results]
+        if k == 0:
+            assert local.earned == spec.points, [r.message for r in local.results if not r.passed]
+        else:
+            assert local.earned < spec.points and spec.mistakes[k - 1].hint in "\n".join(r.message for r in local.results)
+
+
+def test_every_item_travels_as_data():
+    """Each spec's invoke is data, so the student's side needs no spec code."""
+    from course_lib.grading.calls import Invoke, Subject
+
+    for name, spec in SPECS.items():
+        assert isinstance(spec.invoke, Invoke), name
+        data = Subject.of(spec).as_data()
+        back = Subject.from_data(data)
+        assert back.invoke == spec.invoke and back.reference is spec.reference, name
+
+
+def test_grading_inputs_change_with_the_salt_but_not_the_visible_ones():
+    from course_lib.grading.runner import plan_item
+
+    spec = get_spec("scaled_dot_product_attention")
+    a, b, again = (plan_item(spec, salt=s) for s in (1, 2, 1))
+    assert a.segments == again.segments  # grading twice gives the same inputs
+    assert a.segments[0] == b.segments[0]  # the hand example is the hand example
+    assert a.segments[2] != b.segments[2]  # hidden random inputs depend on the salt
+    notebook = plan_item(spec, salt=0)
+    assert notebook.segments[1] != a.segments[1]  # and differ from what the notebook shows

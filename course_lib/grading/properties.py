@@ -11,20 +11,34 @@ import torch
 from torch import Tensor
 
 from .compare import describe_difference, fmt_num
-from .runner import unwatched
+from .runner import current_salt
 from .spec import Case, CheckFailed
 
 __all__ = [
-    "randn", "dtype_name", "mask_words",
+    "seed", "generator", "randn", "dtype_name", "mask_words",
     "weights_sum_to_one", "masked_weights_zero", "masked_keys_ignored", "gradients_reach",
-    "compare_cases", "module_invoke",
+    "compare_cases", "reference_state", "module_inputs", "layout", "module_gradients",
 ]
 
 
-def randn(shape: Sequence[int], seed: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+def seed(value: int) -> int:
+    """The seed to use for grading input ``value``: ``value`` itself in a notebook; when
+    a submission is graded, mixed with that grading's secret salt, so that random
+    inputs cannot be known (and answered) in advance."""
+    salt = current_salt()
+    if not salt:
+        return value
+    return (value * 1_000_003 + salt * 7_919) % (2**62)
+
+
+def generator(value: int) -> torch.Generator:
+    """A CPU generator seeded with :func:`seed` ``(value)``."""
+    return torch.Generator().manual_seed(seed(value))
+
+
+def randn(shape: Sequence[int], seed_value: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """Standard normal tensor from a private seeded generator (CPU, then moved)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype).to(device)
+    return torch.randn(*shape, generator=generator(seed_value), dtype=dtype).to(device)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -124,68 +138,71 @@ def masked_keys_ignored(trial: Any, case: Case, perturb: Sequence[str] = ("k", "
 def gradients_reach(trial: Any, case: Case, names: Sequence[str], index: int | None = 0) -> None:
     """Backpropagating from the output gives finite, non-zero gradients for ``names``."""
     inputs = case.make(trial.device)
-    for name in names:
-        inputs[name] = inputs[name].detach().requires_grad_(True)
-    out = trial.student(inputs, case.label)
-    y = out[index] if index is not None else out
-    if not isinstance(y, Tensor) or not y.requires_grad:
+    inputs["_grads"] = {"names": list(names), "index": index}
+    out = trial.student(inputs, case.label, probe="gradients")
+    if not isinstance(out, dict) or not out.get("connected"):
         raise CheckFailed(
             f"On {case.label}: the output is not connected to the inputs' autograd graph "
             "(did you use .detach(), .item(), numpy or torch.no_grad()?)."
         )
-    (y.float() ** 2).sum().backward()
+    grads = out.get("grads") or {}
     for name in names:
-        g = inputs[name].grad
+        g = grads.get(name)
+        if not isinstance(g, Tensor):
+            g = None
         if g is None or not bool(torch.isfinite(g).all()) or float(g.abs().sum()) == 0.0:
             state = "no gradient" if g is None else ("a non-finite gradient" if not bool(torch.isfinite(g).all()) else "a zero gradient")
             raise CheckFailed(f"On {case.label}: `{name}` gets {state} from the output.")
 
 
-def module_invoke(build: Callable[[Any], torch.nn.Module], call: Callable[[torch.nn.Module, dict], Any],
-                  state_from: Callable[[], torch.nn.Module]) -> Callable[[Any, dict], Any]:
-    """``invoke`` for an ``nn.Module`` item.
+# ---------------------------------------------------------------------------
+# Module items: the grader's hyper-parameters and weights, the student's class
+# ---------------------------------------------------------------------------
 
-    ``build(cls)`` constructs the implementation; its parameters are then loaded from
-    ``state_from()`` (a seeded reference instance) so that every implementation runs
-    with the same weights; ``call(module, inputs)`` runs it.
-    """
-
-    def invoke(impl: Any, inputs: dict) -> Any:
-        module = build(impl)
-        with unwatched():
-            reference_state = state_from().state_dict()
-        own = module.state_dict()
-        missing = [k for k in reference_state if k not in own]
-        if missing:
-            have = ", ".join(f"{k} {tuple(v.shape)}" for k, v in own.items()) or "none"
-            raise CheckFailed(f"expected parameters {', '.join(missing)}; your module has: {have}.")
-        for key, value in reference_state.items():
-            if own[key].shape != value.shape:
-                raise CheckFailed(
-                    f"parameter `{key}` has shape {tuple(own[key].shape)}, expected {tuple(value.shape)}."
-                )
-        module.load_state_dict(reference_state, strict=False)
-        device, dtype = inputs.pop("_device"), inputs.pop("_dtype")
-        module = module.to(device=device, dtype=dtype)
-        return call(module, inputs)
-
-    return invoke
+def reference_state(cls: type, args: tuple, seed_value: int) -> dict[str, Tensor]:
+    """The weights of ``cls(*args)`` initialised from :func:`seed` ``(seed_value)`` (grader
+    side; the global random state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed(seed_value))
+        module = cls(*args)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def module_gradients_reach(trial: Any, case: Case) -> None:
-    """A module item built from ``case`` inputs ``{"dims", "x", "mask"}`` (float64):
-    backpropagating from its output reaches ``x`` and every parameter."""
+def module_inputs(args: tuple, state: dict[str, Tensor] | None, device: torch.device, dtype: torch.dtype,
+                  **inputs: Any) -> dict:
+    """Inputs of a module item's call: construct ``impl(*args)``, load ``state`` (the
+    reference's weights, computed by the grader), move to ``device``/``dtype``; the
+    other keyword arguments are the forward's inputs."""
+    return {"args": tuple(args), "state": state, "device": str(device), "dtype": dtype, **inputs}
+
+
+def layout(trial: Any, args: tuple, attrs: Sequence[str] = (), kwargs: dict | None = None,
+           values: bool = False, label: str = "") -> dict:
+    """The student's module ``impl(*args, **kwargs)`` described by the ``layout`` probe
+    (parameter shapes, submodule classes, ``attrs``; parameter values with ``values``)."""
+    label = label or f"{trial.spec.name}{tuple(args)}"
+    inputs = {"args": tuple(args), "kwargs": dict(kwargs or {}), "attrs": list(attrs), "values": values}
+    out = trial.student(inputs, label, probe="layout")
+    if not isinstance(out, dict) or not out.get("module"):
+        raise CheckFailed(f"{label} should construct an nn.Module, got {out.get('type') if isinstance(out, dict) else out}.")
+    return out
+
+
+def module_gradients(trial: Any, case: Case, names: Sequence[str] = ("x",), state: bool = False,
+                     what: dict[str, str] | None = None) -> None:
+    """Backpropagating from a module item's output reaches the inputs ``names`` and
+    every parameter (non-zero gradients). The module keeps its own initialisation
+    unless ``state``. ``what`` renames inputs in messages."""
     inputs = case.make(trial.device)
-    x = inputs["x"].requires_grad_(True)
-
-    def run():
-        module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=torch.float64)
-        out = module(x, inputs["mask"])
-        y = out[0] if isinstance(out, tuple) else out
-        y.pow(2).sum().backward()
-        return module
-
-    module = trial.guarded(run, case.label)
-    for name, p in (("x", x), *module.named_parameters()):
-        if p.grad is None or float(p.grad.abs().sum()) == 0.0:
-            raise CheckFailed(f"On {case.label}: `{name}` gets no gradient from the output.")
+    if not state:
+        inputs["state"] = None
+    inputs["_grads"] = {"names": list(names)}
+    out = trial.student(inputs, case.label, probe="gradients")
+    if not isinstance(out, dict) or not out.get("connected"):
+        raise CheckFailed(f"On {case.label}: the output is not connected to the autograd graph "
+                          "(did you use .detach(), .item() or torch.no_grad()?).")
+    grads = {**{(what or {}).get(n, n): g for n, g in (out.get("grads") or {}).items()},
+             **(out.get("params") or {})}
+    for name, g in grads.items():
+        if not isinstance(g, Tensor) or float(g.abs().sum()) == 0.0 or not bool(torch.isfinite(g).all()):
+            raise CheckFailed(f"On {case.label}: `{name}` gets no (finite) gradient from the output.")

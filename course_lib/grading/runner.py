@@ -1,257 +1,217 @@
-"""Run an item's check spec on a student's implementation and report the result.
+"""Run an item's check spec and report the result.
 
-``grade(spec, impl)`` is a pure function returning an :class:`ItemResult`; it never
-prints and never raises for anything the student's code does. ``check(name, impl)``
-(the call in a notebook's test cell) grades, prints a short report on stdout and
-returns the points as a number, which nbgrader reads for partial credit.
+A sub-check asks a :class:`Trial` for the student's answers to calls
+(:meth:`Trial.student`) and judges them: it compares them with the reference, checks
+properties and names catalogued mistakes. Where the answers come from is the
+Trial's *answer source*:
+
+- :class:`LocalAnswers` runs the student's implementation in this process (the
+  notebook's ``check(...)``, the tests): :func:`grade`;
+- :class:`RecordingAnswers` lets the reference answer and records every call:
+  :func:`plan_item` gives the *plan* of an item (what to run, on which inputs);
+- :class:`ReplayAnswers` hands out answers computed elsewhere (the student's
+  sandboxed process) in the planned order: :func:`judge_item` decides the points in
+  the grader's own process.
+
+Every answer crosses :mod:`course_lib.grading.wire`, also in-process, so the three
+paths see the same plain data. ``grade`` and ``judge_item`` never print and never
+raise for anything the student's code does.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
-import os
-import sys
-import tempfile
+import contextvars
 import traceback
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from ..device import get_device
-from .compare import describe_difference, describe_value
-from .spec import Case, CheckFailed, ItemSpec, SubCheck
+from .calls import (Call, ReferenceUsed, _student_frame, is_reference, perform, qualified, quiet,
+                    unwatched)
+from .spec import CheckFailed, ItemSpec, SubCheck
+from .wire import decode, encode, to_plain
 
 __all__ = ["Trial", "SubResult", "ItemResult", "Score", "grade", "check", "format_report", "quiet",
-           "unwatched", "working_or_reference"]
-
-
-class ReferenceUsed(Exception):
-    """The student's implementation is, or calls, the reference being graded."""
+           "unwatched", "working_or_reference", "LocalAnswers", "RecordingAnswers", "ReplayAnswers",
+           "ItemPlan", "plan_item", "judge_item", "salted", "current_salt"]
 
 
 # ---------------------------------------------------------------------------
-# Detecting the use of the reference
+# The salt: grading inputs that cannot be known in advance
 # ---------------------------------------------------------------------------
 
-def _code_objects(obj: Any) -> set:
-    """Code objects of a function, or of the functions a class defines itself."""
-    codes = set()
-    if isinstance(obj, type):
-        for value in vars(obj).values():
-            fn = getattr(value, "__func__", value)
-            code = getattr(fn, "__code__", None)
-            if code is not None:
-                codes.add(code)
-    else:
-        fn = getattr(obj, "__func__", obj)
-        code = getattr(fn, "__code__", None)
-        if code is not None:
-            codes.add(code)
-    return codes
+_SALT: contextvars.ContextVar[int] = contextvars.ContextVar("grading_salt", default=0)
 
 
-def _qualified(obj: Any) -> str:
-    module = getattr(obj, "__module__", None) or ""
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", repr(obj))
-    return f"{module}.{name}" if module else name
-
-
-def _is_reference(impl: Any, reference: Any) -> bool:
-    if impl is reference:
-        return True
-    if isinstance(impl, type) and isinstance(reference, type):
-        return issubclass(impl, reference)
-    fn = getattr(impl, "__func__", impl)
-    return getattr(fn, "__code__", None) is not None and fn.__code__ in _code_objects(reference)
+def current_salt() -> int:
+    """The salt of the check being run (0 in a notebook: the inputs students see)."""
+    return _SALT.get()
 
 
 @contextlib.contextmanager
-def unwatched() -> Iterator[None]:
-    """Suspend the watch for reference calls (for grading code that builds the
-    reference, e.g. a seeded reference module whose weights are copied)."""
-    previous = sys.getprofile()
-    sys.setprofile(None)
+def salted(salt: int) -> Iterator[None]:
+    """Run checks with inputs derived from ``salt`` (random inputs change, shapes and
+    hand examples stay)."""
+    token = _SALT.set(int(salt))
     try:
         yield
     finally:
-        sys.setprofile(previous)
-
-
-@contextlib.contextmanager
-def _forbid(spec: ItemSpec) -> Iterator[list[str]]:
-    """Record (in the yielded list) any call of the reference or a forbidden callable."""
-    ref_codes = _code_objects(spec.reference)
-    py_forbidden = {}
-    c_forbidden = {}
-    for fn, reason in spec.forbidden.items():
-        codes = _code_objects(fn)
-        if codes:
-            for code in codes:
-                py_forbidden[code] = reason
-        else:
-            c_forbidden[id(fn)] = reason
-    used: list[str] = []
-    ref_reason = (
-        f"it calls {_qualified(spec.reference)}, the course's reference for this item"
-    )
-
-    def profiler(frame, event, arg):  # noqa: ANN001
-        if used:
-            return
-        if event == "call":
-            code = frame.f_code
-            if code in ref_codes:
-                used.append(ref_reason)
-            elif code in py_forbidden:
-                used.append(py_forbidden[code])
-        elif event == "c_call" and id(arg) in c_forbidden:
-            used.append(c_forbidden[id(arg)])
-
-    previous = sys.getprofile()
-    sys.setprofile(profiler)
-    try:
-        yield used
-    finally:
-        sys.setprofile(previous)
+        _SALT.reset(token)
 
 
 # ---------------------------------------------------------------------------
-# Silence: checks never write to stderr
+# Answer sources
 # ---------------------------------------------------------------------------
 
-@dataclass
-class Captured:
-    warnings: list[str] = field(default_factory=list)
-    stderr: str = ""
+def _call_bytes(call: Call) -> bytes:
+    return encode(call.as_data(), kind="call")
 
 
-@contextlib.contextmanager
-def _fd2_to_file() -> Iterator[io.BufferedRandom | None]:
-    """Point file descriptor 2 at a temporary file (catches C-level writes)."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, AttributeError, ValueError):
-        yield None
-        return
-    tmp = tempfile.TemporaryFile()
-    try:
-        os.dup2(tmp.fileno(), 2)
-        yield tmp
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+class LocalAnswers:
+    """The implementation runs here, on the inputs as the other side of the wire would
+    see them, and its answer is made plain data."""
+
+    def __init__(self, spec: ItemSpec, impl: Any) -> None:
+        self.spec, self.impl = spec, impl
+
+    def answer(self, call: Call) -> dict:
+        sent = Call.from_data(decode(_call_bytes(call), kind="call"))
+        return to_plain(perform(self.spec, self.impl, sent))
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[Captured]:
-    """Capture warnings and everything written to stderr (Python- and C-level)."""
-    captured = Captured()
-    buffer = io.StringIO()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with _fd2_to_file() as tmp, contextlib.redirect_stderr(buffer):
-            try:
-                yield captured
-            finally:
-                if tmp is not None:
-                    tmp.seek(0)
-                    captured.stderr = tmp.read().decode(errors="replace")
-                    tmp.close()
-    captured.stderr = buffer.getvalue() + captured.stderr
-    seen = []
-    for w in caught:
-        text = f"{w.category.__name__}: {w.message}"
-        if text not in seen:
-            seen.append(text)
-    captured.warnings = seen
+class RecordingAnswers:
+    """The reference answers; every call is recorded, segment by segment (one segment
+    per sub-check)."""
+
+    def __init__(self, spec: ItemSpec) -> None:
+        self.spec = spec
+        self.segments: list[list[bytes]] = []
+
+    def begin(self) -> None:
+        self.segments.append([])
+
+    def answer(self, call: Call) -> dict:
+        data = _call_bytes(call)
+        self.segments[-1].append(data)
+        answer = perform(self.spec, self.spec.reference, Call.from_data(decode(data, kind="call")), watch=False)
+        return to_plain(answer)
+
+
+class ReplayAnswers:
+    """Answers computed elsewhere, handed out in the order of the plan. A call that
+    differs from the planned one gets no answer (it would be a bug in a spec: the
+    calls a sub-check makes may not depend on the answers, except by stopping early)."""
+
+    def __init__(self, plan: "ItemPlan", answers: Sequence[Sequence[dict | None]]) -> None:
+        self.plan, self.answers = plan, answers
+        self.segment = -1
+        self.position = 0
+
+    def begin(self) -> None:
+        self.segment += 1
+        self.position = 0
+
+    def answer(self, call: Call) -> dict:
+        s, i = self.segment, self.position
+        self.position += 1
+        planned = self.plan.segments[s] if s < len(self.plan.segments) else []
+        if i >= len(planned) or _call_bytes(call) != planned[i]:
+            return {"ok": False, "kind": "no_answer", "text": "the grader asked for an answer it had not planned"}
+        got = self.answers[s][i] if s < len(self.answers) and i < len(self.answers[s]) else None
+        if got is None:
+            return {"ok": False, "kind": "no_answer", "text": "no answer came back for this call"}
+        return got
 
 
 # ---------------------------------------------------------------------------
-# A trial: one student implementation under one spec
+# A trial: one implementation under one spec
 # ---------------------------------------------------------------------------
-
-def _student_frame(tb: traceback.StackSummary) -> str:
-    """The last line of the traceback that is not inside course_lib or torch."""
-    for frame in reversed(tb):
-        path = frame.filename.replace("\\", "/")
-        if "/course_lib/" in path or "/torch/" in path or "/site-packages/" in path:
-            continue
-        if frame.line:
-            return f" (at `{frame.line.strip()}`)"
-    return ""
-
 
 class Trial:
-    """Runs implementations for one item: the student's, the reference, mistakes.
+    """What a sub-check uses: :meth:`student` (answers), :meth:`reference` and
+    :meth:`mistake_output` (computed here), :meth:`compare`, and :meth:`likely_mistake`.
+    All raise :class:`CheckFailed` with a student-facing message when something is wrong."""
 
-    Sub-checks receive a ``Trial`` and use :meth:`student`, :meth:`reference` and
-    :meth:`compare`; all of them raise :class:`CheckFailed` with a student-facing
-    message when something is wrong.
-    """
-
-    def __init__(self, spec: ItemSpec, impl: Any, device: torch.device) -> None:
+    def __init__(self, spec: ItemSpec, source: Any, device: torch.device) -> None:
         self.spec = spec
-        self.impl = impl
+        self.source = source
         self.device = device
+        self.warnings: list[str] = []
 
     # -- running ---------------------------------------------------------
-    def reference(self, inputs: Mapping[str, Any]) -> Any:
-        return self.spec.invoke(self.spec.reference, inputs)
+    def student(self, inputs: dict, label: str = "", probe: str = "invoke") -> Any:
+        """The student's answer for ``probe`` on ``inputs`` (plain data)."""
+        answer = self.source.answer(Call(self.spec.name, inputs, probe))
+        return self._unwrap(answer, label)
 
-    def student(self, inputs: Mapping[str, Any], label: str = "") -> Any:
-        """Run the student's implementation on ``inputs`` (see :meth:`guarded`)."""
-        return self.guarded(lambda: self.spec.invoke(self.impl, inputs), label)
-
-    def guarded(self, run: Callable[[], Any], label: str = "") -> Any:
-        """Run student code: watch for use of the reference and turn its exceptions
-        into a :class:`CheckFailed` message that names the exception and the line."""
+    def _unwrap(self, answer: Any, label: str) -> Any:
+        name = self.spec.name
         on = f" on {label}" if label else ""
-        try:
-            with _forbid(self.spec) as used:
-                out = run()
-        except CheckFailed:
-            raise
-        except NotImplementedError:
-            raise CheckFailed(
-                f"`{self.spec.name}` raised NotImplementedError{on}: it still contains the "
-                "stub `raise NotImplementedError()`. Replace it with your code.", stop=True
-            ) from None
-        except RecursionError:
-            raise CheckFailed(f"`{self.spec.name}` recursed without end{on}.") from None
-        except Exception as exc:  # the student's code may raise anything
-            where = _student_frame(traceback.extract_tb(exc.__traceback__))
-            raise CheckFailed(
-                f"`{self.spec.name}` raised {type(exc).__name__}{on}{where}: {str(exc).strip()[:300]}"
-            ) from None
-        if used:
-            raise ReferenceUsed(used[0])
-        return out
+        if not isinstance(answer, dict):
+            raise CheckFailed(f"`{name}`{on}: the answer could not be read.")
+        if answer.get("ok") is True:
+            for w in answer.get("warnings") or []:
+                if isinstance(w, str) and w not in self.warnings:
+                    self.warnings.append(w[:300])
+            return answer.get("value")
+        kind = answer.get("kind")
+        text = str(answer.get("text", ""))[:2000]
+        if kind == "stub":
+            raise CheckFailed(f"`{name}` raised NotImplementedError{on}: it still contains the stub "
+                              "`raise NotImplementedError()`. Replace it with your code.", stop=True)
+        if kind == "recursion":
+            raise CheckFailed(f"`{name}` recursed without end{on}.")
+        if kind == "error":
+            exc = str(answer.get("exc", "an exception"))[:80]
+            where = str(answer.get("where", ""))[:300]
+            raise CheckFailed(f"`{name}` raised {exc}{on}{where}: {text[:300]}")
+        if kind == "check":
+            raise CheckFailed(text, stop=bool(answer.get("stop")))
+        if kind == "reference":
+            raise ReferenceUsed(text)
+        if kind == "missing":
+            raise CheckFailed(f"`{name}` is not defined when its test cell runs (its cell did not run, "
+                              "or raised an error).", stop=True)
+        raise CheckFailed(f"`{name}`{on}: {text or 'no answer'}", stop=kind == "no_answer")
 
-    def mistake_output(self, impl: Any, inputs: Mapping[str, Any]) -> Any:
-        try:
-            with quiet():
-                return self.spec.invoke(impl, inputs)
-        except Exception:
-            return None
+    def reference(self, inputs: dict, probe: str = "invoke") -> Any:
+        """The reference's output on ``inputs``, as plain data."""
+        answer = perform(self.spec, self.spec.reference, Call(self.spec.name, inputs, probe), watch=False)
+        if not answer["ok"]:
+            raise RuntimeError(f"the reference of {self.spec.name} failed: {answer}")
+        return to_plain(answer["value"])
+
+    def mistake_output(self, impl: Any, inputs: dict, probe: str = "invoke") -> Any:
+        """A catalogued mistake's output on ``inputs`` (None if it raises)."""
+        answer = perform(self.spec, impl, Call(self.spec.name, inputs, probe), watch=False)
+        return to_plain(answer["value"]) if answer["ok"] else None
 
     # -- comparing -------------------------------------------------------
-    def likely_mistake(self, case: Case, got: Any, expected: Any) -> str | None:
-        """The hint of the first catalogued mistake that reproduces ``got`` on this case."""
+    def likely_mistake(self, case: Any, got: Any, expected: Any, differ: Any = None,
+                       probe: str = "invoke") -> str | None:
+        """The hint of the first catalogued mistake that reproduces ``got`` on ``case``.
+
+        ``differ(a, b)`` returns None when two outputs match (default:
+        :func:`~course_lib.grading.compare.describe_difference`, NaN equal to NaN when
+        matching the student's output)."""
+        from .compare import describe_difference
         names = self.spec.output_names
+        shows = differ or (lambda e, w: describe_difference(e, w, names))
+        same = differ or (lambda w, g: describe_difference(w, g, names, equal_nan=True))
         for mistake in self.spec.mistakes:
-            wrong = self.mistake_output(mistake.impl, case.make(self.device))
-            if wrong is None or describe_difference(expected, wrong, names) is None:
+            wrong = self.mistake_output(mistake.impl, case.make(self.device), probe)
+            if wrong is None or shows(expected, wrong) is None:
                 continue  # this mistake does not show on this input
-            if describe_difference(wrong, got, names, equal_nan=True) is None:
+            if same(wrong, got) is None:
                 return mistake.hint
         return None
 
-    def compare(self, cases: Sequence[Case]) -> None:
+    def compare(self, cases: Sequence[Any]) -> None:
         """Compare the student's output with the reference on each case."""
+        from .compare import describe_difference
         for case in cases:
             expected = self.reference(case.make(self.device))
             got = self.student(case.make(self.device), case.label)
@@ -306,6 +266,16 @@ class ItemResult:
         ran = sum(r.points for r in self.results)
         return self.total_points * (self.earned / ran) if ran else 0.0
 
+    def as_data(self) -> dict:
+        return {"item": self.item, "graded": self.graded, "total_points": self.total_points,
+                "reference_used": self.reference_used, "notes": list(self.notes),
+                "results": [r.__dict__.copy() for r in self.results]}
+
+    @classmethod
+    def from_data(cls, data: dict) -> "ItemResult":
+        return cls(data["item"], [SubResult(**r) for r in data["results"]], data["graded"],
+                   data["total_points"], data.get("reference_used", ""), list(data.get("notes", [])))
+
 
 class Score(float):
     """The points a check earned. Its ``repr`` is the bare number nbgrader reads."""
@@ -321,38 +291,86 @@ class Score(float):
         return float.__repr__(self)
 
 
-def grade(spec: ItemSpec, impl: Any, hidden: bool = False, device: torch.device | str | None = None) -> ItemResult:
-    """Run the spec's sub-checks (all of them when ``hidden``) on ``impl``."""
-    device = torch.device(device) if device is not None else get_device()
-    subchecks: list[SubCheck] = list(spec.subchecks) if hidden else spec.visible()
-    result = ItemResult(spec.name, [], graded=hidden, total_points=spec.points)
+def _run_subchecks(spec: ItemSpec, subchecks: Sequence[SubCheck], trial: Trial, result: ItemResult) -> None:
+    stopped = False
+    begin = getattr(trial.source, "begin", None)
+    for sub in subchecks:
+        if begin:
+            begin()
+        if result.reference_used or stopped:
+            result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, "not run"))
+            continue
+        try:
+            sub.run(trial)
+            result.results.append(SubResult(sub.title, sub.points, sub.points, sub.hidden))
+        except CheckFailed as failed:
+            stopped = failed.stop
+            result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, str(failed)))
+        except ReferenceUsed as used:
+            result.reference_used = str(used)
+            result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, "not run"))
+        except Exception as exc:  # a student's output can break a property check
+            where = _student_frame(traceback.extract_tb(exc.__traceback__))
+            result.results.append(
+                SubResult(sub.title, sub.points, 0.0, sub.hidden,
+                          f"Checking failed with {type(exc).__name__}{where}: {str(exc).strip()[:300]}"))
+    result.notes = [f"Your code emitted a warning: {w}" for w in trial.warnings[:3]]
+
+
+def _device(device: torch.device | str | None) -> torch.device:
+    return torch.device(device) if device is not None else get_device()
+
+
+def grade(spec: ItemSpec, impl: Any, hidden: bool = False, device: torch.device | str | None = None,
+          salt: int = 0) -> ItemResult:
+    """Run the spec's sub-checks (all of them when ``hidden``) on ``impl``, here."""
     if impl is None:
         raise TypeError(f"check('{spec.name}', ...) needs your implementation, got None")
-    if _is_reference(impl, spec.reference):
-        result.reference_used = f"it is {_qualified(spec.reference)}, the course's reference for this item"
-    trial = Trial(spec, impl, device)
-    stopped = False
-    with quiet() as captured:
-        for sub in subchecks:
-            if result.reference_used or stopped:
-                result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, "not run"))
-                continue
-            try:
-                sub.run(trial)
-                result.results.append(SubResult(sub.title, sub.points, sub.points, sub.hidden))
-            except CheckFailed as failed:
-                stopped = failed.stop
-                result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, str(failed)))
-            except ReferenceUsed as used:
-                result.reference_used = str(used)
-                result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, "not run"))
-            except Exception as exc:  # a student's output can break a property check
-                where = _student_frame(traceback.extract_tb(exc.__traceback__))
-                result.results.append(
-                    SubResult(sub.title, sub.points, 0.0, sub.hidden,
-                              f"Checking failed with {type(exc).__name__}{where}: {str(exc).strip()[:300]}")
-                )
-    result.notes = [f"Your code emitted a warning: {w}" for w in captured.warnings[:3]]
+    subchecks = list(spec.subchecks) if hidden else spec.visible()
+    result = ItemResult(spec.name, [], graded=hidden, total_points=spec.points)
+    if is_reference(impl, spec.reference):
+        result.reference_used = f"it is {qualified(spec.reference)}, the course's reference for this item"
+    trial = Trial(spec, LocalAnswers(spec, impl), _device(device))
+    with salted(salt), quiet():
+        _run_subchecks(spec, subchecks, trial, result)
+    return result
+
+
+@dataclass
+class ItemPlan:
+    """What to run for one item: the encoded calls, one segment per sub-check."""
+
+    item: str
+    hidden: bool
+    segments: list[list[bytes]]
+
+    @property
+    def calls(self) -> list[bytes]:
+        return [c for seg in self.segments for c in seg]
+
+
+def plan_item(spec: ItemSpec, hidden: bool = True, device: torch.device | str | None = None,
+              salt: int = 0) -> ItemPlan:
+    """Every call the item's sub-checks make, found by letting the reference answer."""
+    subchecks = list(spec.subchecks) if hidden else spec.visible()
+    source = RecordingAnswers(spec)
+    trial = Trial(spec, source, _device(device))
+    result = ItemResult(spec.name, [], graded=hidden, total_points=spec.points)
+    with salted(salt), quiet():
+        _run_subchecks(spec, subchecks, trial, result)
+    return ItemPlan(spec.name, hidden, source.segments)
+
+
+def judge_item(spec: ItemSpec, plan: ItemPlan, answers: Sequence[Sequence[dict | None]],
+               device: torch.device | str | None = None, salt: int = 0, reference_used: str = "") -> ItemResult:
+    """The item's result from answers computed elsewhere (``answers[s][i]`` for the
+    i-th call of sub-check s, None where none came back). Runs in the grader."""
+    subchecks = list(spec.subchecks) if plan.hidden else spec.visible()
+    result = ItemResult(spec.name, [], graded=plan.hidden, total_points=spec.points,
+                        reference_used=reference_used)
+    trial = Trial(spec, ReplayAnswers(plan, answers), _device(device))
+    with salted(salt), quiet():
+        _run_subchecks(spec, subchecks, trial, result)
     return result
 
 

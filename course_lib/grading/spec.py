@@ -35,7 +35,10 @@ class Case:
     ``label`` describes the input in words ("q (2, 5, 4) float32, causal mask");
     ``make(device)`` builds fresh inputs (keyword arguments for the item's
     ``invoke``) so that an implementation that modifies its inputs in place cannot
-    affect the next run.
+    affect the next run. Inputs are plain data (tensors, numbers, strings, lists,
+    tuples, dicts) and :class:`~course_lib.grading.wire.Build` descriptions of the
+    objects the student's side constructs (models, samplers); ``make`` runs in the
+    grader and may use the reference (e.g. for the weights a module item loads).
     """
 
     label: str
@@ -72,8 +75,13 @@ class SubCheck:
 
 
 def call_function(impl: Callable[..., Any], inputs: Mapping[str, Any]) -> Any:
-    """Default ``invoke``: call a function implementation with keyword arguments."""
+    """Call a function implementation with keyword arguments."""
     return impl(**inputs)
+
+
+def _function_invoke() -> Any:
+    from .calls import Invoke
+    return Invoke()
 
 
 @dataclass(frozen=True)
@@ -84,8 +92,12 @@ class ItemSpec:
     - ``reference``: course_lib's implementation (function or ``nn.Module`` class).
     - ``subchecks``: the scored parts, in the order they are shown.
     - ``mistakes``: the catalogue of known wrong variants.
-    - ``invoke(impl, inputs)``: runs any implementation (reference, student's or a
-      mistake) on a case's inputs and returns its output.
+    - ``invoke``: how any implementation (reference, student's or a mistake) runs on a
+      case's inputs: a :class:`~course_lib.grading.calls.Invoke` (plain data: call a
+      function with keyword arguments, or build a module with the grader's weights and
+      call its forward). It is carried out on the student's side, which knows nothing
+      else of the spec. Sub-checks may also ask for the built-in probes ``gradients``,
+      ``layout`` and ``after`` (see :mod:`course_lib.grading.calls`).
     - ``output_names``: names of the parts of a tuple output, for messages.
     - ``forbidden``: extra callables whose use earns nothing, each with the reason.
     """
@@ -94,7 +106,7 @@ class ItemSpec:
     reference: Any
     subchecks: Sequence[SubCheck]
     mistakes: Sequence[Mistake] = ()
-    invoke: Callable[[Any, Mapping[str, Any]], Any] = call_function
+    invoke: Any = field(default_factory=_function_invoke)
     output_names: Sequence[str] = ()
     forbidden: Mapping[Any, str] = field(default_factory=dict)
 

@@ -8,9 +8,12 @@ from torch import nn
 
 from ... import bahdanau as ref
 from ..properties import (
-    compare_cases, dtype_name, gradients_reach, masked_keys_ignored, masked_weights_zero, module_invoke, randn,
+    compare_cases, dtype_name, gradients_reach, layout, masked_keys_ignored, masked_weights_zero, module_inputs,
+    randn,
     weights_sum_to_one,
 )
+from ..properties import seed as input_seed
+from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -379,30 +382,30 @@ def _context_spec() -> ItemSpec:
 # BahdanauAttention
 # ---------------------------------------------------------------------------
 
-def _attn_case(seed: int, B: int, T: int, enc: int, dec: int, A: int, dtype: torch.dtype, masked: bool) -> Case:
-    def make(device: torch.device) -> dict:
-        return {"dims": (enc, dec, A), **_hs(seed, B, T, enc, dec, dtype, device),
-                "mask": _lengths_mask(B, T, device) if masked else None, "_device": device, "_dtype": dtype}
-
-    sample = make(torch.device("cpu"))
-    return Case(f"BahdanauAttention(enc_dim={enc}, dec_dim={dec}, attn_dim={A}) on h ({B}, {T}, {enc}), "
-                f"s ({B}, {dec}) {dtype_name(dtype)}, {_mask_words(sample['mask'])}", make)
-
-
-def _attn_invoke(impl, inputs: dict):
-    dims = inputs.pop("dims")
-    seed = 4321 + sum(dims)
-
-    def reference_instance() -> nn.Module:
-        torch.manual_seed(seed)
+def _attn_state(dims: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+    """The weights every implementation runs with (grader side): the reference's
+    initialisation from the (salted) seed 4321 + sum(dims), with a non-zero W_s bias so
+    that a dropped bias shows. The global random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(input_seed(4321 + sum(dims)))
         module = ref.BahdanauAttention(*dims)
         with torch.no_grad():
             module.W_s.bias.normal_()  # a non-zero bias, so that a dropped bias shows
-        return module
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
-    invoke = module_invoke(lambda cls: cls(*dims), lambda module, kw: module(kw["h"], kw["s"], kw["mask"]),
-                           reference_instance)
-    return invoke(impl, inputs)
+
+def _attn_case(seed: int, B: int, T: int, enc: int, dec: int, A: int, dtype: torch.dtype, masked: bool) -> Case:
+    dims = (enc, dec, A)
+
+    def make(device: torch.device) -> dict:
+        return module_inputs(dims, _attn_state(dims), device, dtype, **_hs(seed, B, T, enc, dec, dtype, device),
+                             mask=_lengths_mask(B, T, device) if masked else None)
+
+    # the label is built without make(): make uses the reference, which is unavailable where the
+    # student's side imports this module
+    mask = _lengths_mask(B, T, torch.device("cpu")) if masked else None
+    return Case(f"BahdanauAttention(enc_dim={enc}, dec_dim={dec}, attn_dim={A}) on h ({B}, {T}, {enc}), "
+                f"s ({B}, {dec}) {dtype_name(dtype)}, {_mask_words(mask)}", make)
 
 
 class _AttentionLayout(nn.Module):
@@ -496,9 +499,8 @@ ATTENTION_MISTAKES = (
 
 
 def _attn_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(6, 4, 5), "BahdanauAttention(6, 4, 5)")
+    got = layout(trial, (6, 4, 5))["state"]
     expected = {"W_h.weight": (5, 6), "W_s.weight": (5, 4), "W_s.bias": (5,), "v.weight": (1, 5)}
-    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     if got != expected:
         msg = (f"BahdanauAttention(enc_dim=6, dec_dim=4, attn_dim=5) should have exactly the parameters "
                f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
@@ -527,26 +529,24 @@ def _attn_spec() -> ItemSpec:
         masked_keys_ignored(t, props, perturb=("h",), key_mask=lambda inputs: ~inputs["mask"], index=0)
 
     def gradients(trial) -> None:
+        """The module keeps its own initialisation; h and s require a gradient."""
         case = hidden[0]
         inputs = case.make(trial.device)
-        h, s = inputs["h"].requires_grad_(True), inputs["s"].requires_grad_(True)
-
-        def run():
-            module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=torch.float64)
-            out = module(h, s, inputs["mask"])
-            y = out[0] if isinstance(out, tuple) else out
-            y.pow(2).sum().backward()
-            return module
-
-        module = trial.guarded(run, case.label)
-        for name, p in (("h", h), ("s", s), *module.named_parameters()):
-            if p.grad is None or float(p.grad.abs().sum()) == 0.0:
+        inputs["state"] = None
+        inputs["_grads"] = {"names": ["h", "s"]}
+        out = trial.student(inputs, case.label, probe="gradients")
+        if not isinstance(out, dict) or not out.get("connected"):
+            raise CheckFailed(f"On {case.label}: the context is not connected to the autograd graph "
+                              "(did you use .detach(), .item() or torch.no_grad()?).")
+        grads = {**(out.get("grads") or {}), **(out.get("params") or {})}
+        for name, g in grads.items():
+            if not isinstance(g, torch.Tensor) or float(g.abs().sum()) == 0.0:
                 raise CheckFailed(f"On {case.label}: `{name}` gets no gradient from the context.")
 
     return ItemSpec(
         name="BahdanauAttention",
         reference=ref.BahdanauAttention,
-        invoke=_attn_invoke,
+        invoke=Invoke(module=True, forward=("h", "s", "mask")),
         output_names=("context", "weights"),
         mistakes=ATTENTION_MISTAKES,
         subchecks=(

@@ -5,6 +5,11 @@ make_nsp_input, BertEmbeddings, mlm_loss and NSPHead, with their mistake catalog
 a fixed seed, the measured rates must lie within tolerances that a correct
 implementation meets with overwhelming probability (every tolerance is more than
 eight standard deviations wide), whatever random numbers it draws.
+
+Every random input is drawn from a salted seed (:func:`~course_lib.grading.properties.seed`):
+in a notebook (salt 0) the inputs are those students see; when a submission is graded
+they cannot be known in advance. Student-side code (``invoke``, the probes, the
+catalogued wrong variants) uses torch only, never a reference of this notebook.
 """
 
 from __future__ import annotations
@@ -18,10 +23,19 @@ from torch import nn
 
 from ... import bert as ref
 from ... import bpe as ref_bpe
-from ..properties import compare_cases, dtype_name, module_invoke, randn
+from ..properties import (compare_cases, dtype_name, generator, layout, module_inputs,
+                          randn, reference_state)
+from ..properties import seed as salted_seed
+from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..wire import Opaque
 
 f32, f64 = torch.float32, torch.float64
+
+
+def _type_name(value) -> str:
+    """The type of an answer for a message (an :class:`Opaque` answer keeps only its name)."""
+    return value.type_name if isinstance(value, Opaque) else type(value).__name__
 
 # ---------------------------------------------------------------------------
 # bpe_train
@@ -35,8 +49,10 @@ def _train_case(word_counts: dict[str, int], num_merges: int, label: str = "") -
     return Case(text, lambda device: {"word_counts": dict(word_counts), "num_merges": num_merges})
 
 
-def _random_word_counts(seed: int, n_words: int, alphabet: str) -> dict[str, int]:
-    rng = random.Random(seed)
+def _random_word_counts(seed: int, n_words: int, alphabet: str, salt: bool = True) -> dict[str, int]:
+    """Random words and counts from the salted ``seed`` (call it while a check runs), or
+    from ``seed`` itself when not ``salt``."""
+    rng = random.Random(salted_seed(seed) if salt else seed)
     out: dict[str, int] = {}
     while len(out) < n_words:
         word = "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 7)))
@@ -128,6 +144,15 @@ BPE_TRAIN_MISTAKES = (
 SENNRICH = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
 
 
+def _bpe_train_random(trial) -> None:
+    """Random vocabularies (drawn from the salted seeds when the check runs, so that the
+    labels show the words actually used), more merges than possible, no merge at all."""
+    trial.compare([_train_case(_random_word_counts(1, 30, "abcde"), 25),
+                   _train_case(_random_word_counts(2, 12, "abcdefgh"), 40),
+                   _train_case({"hello": 3, "help": 2}, 0),
+                   _train_case({"aa": 1, "a": 7}, 5)])
+
+
 def _bpe_train_spec() -> ItemSpec:
     return ItemSpec(
         name="bpe_train",
@@ -142,10 +167,7 @@ def _bpe_train_spec() -> ItemSpec:
                      compare_cases(_train_case({"ab": 1, "abx": 1, "aby": 1, "cd": 5}, 1),
                                    _train_case({"aaaa": 3, "ab": 4}, 3)), hidden=True),
             SubCheck("random vocabularies, more merges than possible, no merge at all", 1,
-                     compare_cases(_train_case(_random_word_counts(1, 30, "abcde"), 25),
-                                   _train_case(_random_word_counts(2, 12, "abcdefgh"), 40),
-                                   _train_case({"hello": 3, "help": 2}, 0),
-                                   _train_case({"aa": 1, "a": 7}, 5)), hidden=True),
+                     _bpe_train_random, hidden=True),
         ),
     )
 
@@ -213,10 +235,23 @@ BPE_ENCODE_MISTAKES = (
 )
 
 
-def _bpe_encode_spec() -> ItemSpec:
-    learned = ref_bpe.bpe_train(_random_word_counts(3, 40, "abcdef"), 30)
-    rnd = random.Random(4)
+def _bpe_encode_random(trial) -> None:
+    """12 random words (drawn from the salted seed when the check runs, so that the labels
+    show the words used) and 'cfac', 'dfbadf', encoded with 30 merges that the reference
+    learns here (grader side) on a fixed random vocabulary; a single letter; no merges.
+
+    The merges are not salted: with them the hand-picked words 'cfac' and 'dfbadf' show
+    "longest merge first" and "first occurrence only" (with merges learned on a salted
+    vocabulary, "longest merge first" would go unnoticed for most salts)."""
+    learned = ref_bpe.bpe_train(_random_word_counts(3, 40, "abcdef", salt=False), 30)
+    rnd = random.Random(salted_seed(4))
     words = ["".join(rnd.choice("abcdef") for _ in range(rnd.randint(1, 9))) for _ in range(12)] + ["cfac", "dfbadf"]
+    trial.compare([*(_encode_case(w, learned, "30 merges learned on random words") for w in words),
+                   _encode_case("a", learned, "30 merges learned on random words"),
+                   _encode_case("undo", [])])
+
+
+def _bpe_encode_spec() -> ItemSpec:
     return ItemSpec(
         name="bpe_encode",
         reference=ref_bpe.bpe_encode,
@@ -231,9 +266,7 @@ def _bpe_encode_spec() -> ItemSpec:
                                    _encode_case("abcd", [("c", "d"), ("b", "c"), ("a", "b"), ("ab", "cd")])),
                      hidden=True),
             SubCheck("14 random words with 30 merges learned by bpe_train; single letters; no merges", 1,
-                     compare_cases(*(_encode_case(w, learned, "30 merges learned on random words") for w in words),
-                                   _encode_case("a", learned, "30 merges learned on random words"),
-                                   _encode_case("undo", [])), hidden=True),
+                     _bpe_encode_random, hidden=True),
         ),
     )
 
@@ -247,8 +280,9 @@ PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 2, 3, 4
 
 
 def _mask_batch(seed: int, B: int, T: int, vocab_size: int) -> torch.Tensor:
-    """Ids with [CLS] first, [SEP] in the middle and at the end, [PAD] after it."""
-    g = torch.Generator().manual_seed(seed)
+    """Ids with [CLS] first, [SEP] in the middle and at the end, [PAD] after it (drawn
+    from the salted ``seed``)."""
+    g = generator(seed)
     ids = torch.randint(5, vocab_size, (B, T), generator=g)
     lengths = torch.randint(T // 2, T + 1, (B,), generator=g)
     for b, n in enumerate(lengths.tolist()):
@@ -275,19 +309,24 @@ GENERATOR_HINT = ("The result does not follow `generator`: pass generator=genera
 def _run_mask(trial, ids, vocab_size, p, seed, label):
     original = ids.clone()
     kwargs = {"input_ids": ids, "vocab_size": vocab_size, "mask_id": MASK_ID, "special_ids": list(SPECIAL_IDS),
-              "mlm_probability": p, "generator": torch.Generator().manual_seed(seed)}
-    out = trial.student(kwargs, label)
+              "mlm_probability": p, "generator": generator(seed)}
+    answer = trial.student({**kwargs, "_after": ["input_ids"]}, label, probe="after")
+    after = (answer.get("after") or {}).get("input_ids") if isinstance(answer, dict) else None
+    answer = {"out": answer.get("output") if isinstance(answer, dict) else answer,
+              "modified": not (isinstance(after, torch.Tensor) and after.shape == original.shape
+                               and torch.equal(after.to(original.device), original))}
+    out = answer.get("out")
     if not isinstance(out, tuple) or len(out) != 2:
         raise CheckFailed(f"On {label}: mask_tokens should return a tuple (masked_ids, labels), "
-                          f"got {type(out).__name__}.")
+                          f"got {_type_name(out)}.")
     masked, labels = out
     for name, t in (("masked_ids", masked), ("labels", labels)):
         if not isinstance(t, torch.Tensor) or t.shape != original.shape or t.dtype != torch.long:
-            what = (f"{type(t).__name__}" if not isinstance(t, torch.Tensor)
+            what = (f"{_type_name(t)}" if not isinstance(t, torch.Tensor)
                     else f"shape {tuple(t.shape)}, dtype {dtype_name(t.dtype)}")
             raise CheckFailed(f"On {label}: {name} should be a LongTensor of shape {tuple(original.shape)} "
                               f"like input_ids; got {what}.")
-    if not torch.equal(ids, original):
+    if answer.get("modified") is not False:
         raise CheckFailed(f"On {label}: mask_tokens modified input_ids in place; work on a copy (input_ids.clone()).")
     return original, masked.cpu(), labels.cpu()
 
@@ -504,33 +543,35 @@ def _nsp_input_spec() -> ItemSpec:
 # BertEmbeddings
 # ---------------------------------------------------------------------------
 
+def _emb_state(dims: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+    """The weights the grader ships for BertEmbeddings(*dims) (grader side): the
+    reference's initialisation from the salted seed, with non-trivial LayerNorm
+    parameters; the global random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(salted_seed(700 + sum(dims)))
+        module = ref.BertEmbeddings(*dims)
+        with torch.no_grad():
+            module.norm.weight.uniform_(0.5, 1.5)
+            module.norm.bias.uniform_(-0.5, 0.5)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
 def _emb_case(seed: int, B: int, T: int, vocab: int, d: int, max_len: int, dtype: torch.dtype) -> Case:
     def make(device: torch.device) -> dict:
-        g = torch.Generator().manual_seed(seed)
+        dims = (vocab, d, max_len)
+        g = generator(seed)
         ids = torch.randint(vocab, (B, T), generator=g)
         split = torch.randint(1, T, (B,), generator=g)
         seg = (torch.arange(T)[None, :] >= split[:, None]).long()
-        return {"dims": (vocab, d, max_len), "input_ids": ids.to(device), "segment_ids": seg.to(device),
-                "_device": device, "_dtype": dtype}
+        return module_inputs(dims, _emb_state(dims), device, dtype, input_ids=ids.to(device),
+                             segment_ids=seg.to(device))
 
     return Case(f"BertEmbeddings(vocab_size={vocab}, d_model={d}, max_len={max_len}) on ids ({B}, {T}) "
                 f"with two segments, {dtype_name(dtype)}", make)
 
 
-def _emb_invoke(impl, inputs: dict):
-    dims = inputs.pop("dims")
-
-    def reference_instance() -> nn.Module:
-        torch.manual_seed(700 + sum(dims))
-        module = ref.BertEmbeddings(*dims)
-        with torch.no_grad():  # non-trivial LayerNorm parameters
-            module.norm.weight.uniform_(0.5, 1.5)
-            module.norm.bias.uniform_(-0.5, 0.5)
-        return module
-
-    invoke = module_invoke(lambda cls: cls(*dims), lambda m, kw: m(kw["input_ids"], kw["segment_ids"]),
-                           reference_instance)
-    return invoke(impl, inputs)
+# The submodules BertEmbeddings must have, with the torch class each must be an instance of.
+_EMB_PARTS = {"token": nn.Embedding, "position": nn.Embedding, "segment": nn.Embedding, "norm": nn.LayerNorm}
 
 
 class _EmbLayout(nn.Module):
@@ -576,14 +617,20 @@ EMB_MISTAKES = (
 
 
 def _emb_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(30, 8, 16), "BertEmbeddings(30, 8, 16)")
+    built = layout(trial, (30, 8, 16), attrs=tuple(_EMB_PARTS), label="BertEmbeddings(30, 8, 16)")
+    found, state = built.get("attrs") or {}, built.get("state") or {}
+
+    def instance(name: str) -> bool:
+        cls = _EMB_PARTS[name]
+        info = found.get(name)
+        return isinstance(info, dict) and f"{cls.__module__}.{cls.__qualname__}" in (info.get("torch") or [])
+
     expected = {"token": (30, 8), "position": (16, 8), "segment": (2, 8)}
     for name, shape in expected.items():
-        sub = getattr(module, name, None)
-        if not isinstance(sub, nn.Embedding) or tuple(sub.weight.shape) != shape:
+        if not instance(name) or state.get(f"{name}.weight") != shape:
             raise CheckFailed(f"BertEmbeddings(vocab_size=30, d_model=8, max_len=16) needs `self.{name}` = "
                               f"nn.Embedding with weight {shape}.")
-    if not isinstance(getattr(module, "norm", None), nn.LayerNorm):
+    if not instance("norm"):
         raise CheckFailed("BertEmbeddings needs `self.norm` = nn.LayerNorm(d_model).")
 
 
@@ -591,7 +638,7 @@ def _emb_spec() -> ItemSpec:
     return ItemSpec(
         name="BertEmbeddings",
         reference=ref.BertEmbeddings,
-        invoke=_emb_invoke,
+        invoke=Invoke(module=True, forward=("input_ids", "segment_ids")),
         mistakes=EMB_MISTAKES,
         subchecks=(
             SubCheck("parameters token, position, segment (nn.Embedding) and norm (nn.LayerNorm)", 1, _emb_parameters),
@@ -610,7 +657,7 @@ def _emb_spec() -> ItemSpec:
 
 def _loss_case(seed: int, B: int, T: int, V: int, dtype: torch.dtype, frac: float = 0.2) -> Case:
     def make(device: torch.device) -> dict:
-        g = torch.Generator().manual_seed(seed)
+        g = generator(seed)
         logits = torch.randn(B, T, V, generator=g, dtype=dtype) * 2
         labels = torch.randint(V, (B, T), generator=g)
         keep = torch.rand(B, T, generator=g) < frac
@@ -658,18 +705,18 @@ MLM_LOSS_MISTAKES = (
 def _loss_gradient(trial) -> None:
     case = _loss_case(820, 2, 6, 9, f64)
     inputs = case.make(trial.device)
-    logits = inputs["logits"].requires_grad_(True)
-
-    def run():
-        loss = trial.impl(logits, inputs["labels"])
-        loss.backward()
-        return loss
-
-    loss = trial.guarded(run, case.label)
-    if loss.dim() != 0:
-        raise CheckFailed(f"On {case.label}: the loss should be a scalar (0-dim tensor), got shape {tuple(loss.shape)}.")
-    unselected = inputs["labels"] == -100
-    if logits.grad is None or logits.grad[unselected].abs().max() > 0:
+    asked = {**case.make(trial.device), "_grads": {"names": ["logits"], "index": None, "reduce": "sum"}}
+    out = trial.student(asked, case.label, probe="gradients")
+    out = out if isinstance(out, dict) else {}
+    loss = out.get("output")
+    shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else None
+    out = {"grad": (out.get("grads") or {}).get("logits")}
+    if shape != ():
+        raise CheckFailed(f"On {case.label}: the loss should be a scalar (0-dim tensor), got shape {shape}.")
+    unselected = (inputs["labels"] == -100).cpu()
+    grad = out.get("grad")
+    if (not isinstance(grad, torch.Tensor) or grad.shape != inputs["logits"].shape
+            or (bool(unselected.any()) and grad.cpu()[unselected].abs().max() > 0)):
         raise CheckFailed(f"On {case.label}: positions labelled -100 must get no gradient; yours do.")
 
 
@@ -693,19 +740,11 @@ def _mlm_loss_spec() -> ItemSpec:
 
 def _nsp_case(seed: int, B: int, T: int, d: int, dtype: torch.dtype) -> Case:
     def make(device: torch.device) -> dict:
-        return {"dims": (d,), "hidden": randn((B, T, d), seed, dtype, device), "_device": device, "_dtype": dtype}
+        dims = (d,)
+        return module_inputs(dims, reference_state(ref.NSPHead, dims, 900 + d), device, dtype,
+                             hidden=randn((B, T, d), seed, dtype, device))
 
     return Case(f"NSPHead(d_model={d}) on hidden ({B}, {T}, {d}) {dtype_name(dtype)}", make)
-
-
-def _nsp_invoke(impl, inputs: dict):
-    dims = inputs.pop("dims")
-
-    def reference_instance() -> nn.Module:
-        torch.manual_seed(900 + dims[0])
-        return ref.NSPHead(*dims)
-
-    return module_invoke(lambda cls: cls(*dims), lambda m, kw: m(kw["hidden"]), reference_instance)(impl, inputs)
 
 
 class _NSPLayout(nn.Module):
@@ -747,9 +786,12 @@ NSP_MISTAKES = (
 
 
 def _nsp_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(6), "NSPHead(6)")
+    described = trial.student({"args": (6,), "attrs": []}, "NSPHead(6)", probe="layout")
+    if not isinstance(described, dict) or not described.get("module"):
+        kind = described.get("type") if isinstance(described, dict) else _type_name(described)
+        raise CheckFailed(f"NSPHead(6) should construct an nn.Module, got {kind}.")
     expected = {"pooler.weight": (6, 6), "pooler.bias": (6,), "classifier.weight": (2, 6), "classifier.bias": (2,)}
-    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    got = described.get("state") or {}
     if got != expected:
         raise CheckFailed("NSPHead(d_model=6) should have exactly the parameters "
                           f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
@@ -760,7 +802,7 @@ def _nsp_spec() -> ItemSpec:
     return ItemSpec(
         name="NSPHead",
         reference=ref.NSPHead,
-        invoke=_nsp_invoke,
+        invoke=Invoke(module=True, forward=("hidden",)),
         mistakes=NSP_MISTAKES,
         subchecks=(
             SubCheck("parameters pooler = nn.Linear(d, d) and classifier = nn.Linear(d, 2)", 1, _nsp_parameters),

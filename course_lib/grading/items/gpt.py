@@ -19,42 +19,53 @@ from torch import Tensor, nn
 from ... import gpt as ref_gpt
 from ... import icl as ref_icl
 from ... import sampling as ref_sampling
+from ..calls import Invoke, realise, unwatched
 from ..compare import fmt_num
-from ..properties import compare_cases, dtype_name, module_invoke, randn
-from ..runner import unwatched
+from ..properties import (compare_cases, dtype_name, generator, layout, module_gradients, module_inputs, randn,
+                          reference_state)
+from ..properties import seed as salted_seed
+from ..fixtures.gpt import CentroidModel, ContextSumModel, GaussianSampler, TinyLM  # noqa: F401
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..wire import Build, Opaque
 
 f32, f64 = torch.float32, torch.float64
+_HERE = "course_lib.grading.fixtures.gpt"  # Build targets, built on the student's side
+
+
+def _type_name(value) -> str:
+    """The type of an answer for a message (an :class:`Opaque` answer keeps only its name)."""
+    return value.type_name if isinstance(value, Opaque) else type(value).__name__
 
 # ---------------------------------------------------------------------------
 # GPTBlock
 # ---------------------------------------------------------------------------
 
 
+def _block_state(dims: tuple[int, int, int]) -> dict[str, Tensor]:
+    """The weights the grader ships for GPTBlock(*dims) (grader side): the reference's
+    initialisation from the salted seed, with non-trivial LayerNorm and bias values, so
+    that every part shows."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(salted_seed(808 + sum(dims)))
+        block = ref_gpt.GPTBlock(*dims)
+        with torch.no_grad():
+            for name, p in block.named_parameters():
+                if name.endswith("bias") or name.startswith("ln"):
+                    p.add_(0.1 * torch.randn(p.shape))
+    return {k: v.detach().clone() for k, v in block.state_dict().items()}
+
+
 def _block_case(seed: int, B: int, T: int, d_model: int, heads: int, d_ff: int, dtype: torch.dtype) -> Case:
     def make(device: torch.device) -> dict:
+        dims = (d_model, heads, d_ff)
         x = randn((B, T, d_model), seed, dtype, device)
-        return {"dims": (d_model, heads, d_ff), "x": x, "_device": device, "_dtype": dtype}
+        return module_inputs(dims, _block_state(dims), device, dtype, x=x)
 
     return Case(f"GPTBlock(d_model={d_model}, num_heads={heads}, d_ff={d_ff}) on x ({B}, {T}, {d_model}) "
                 f"{dtype_name(dtype)}", make)
 
 
-def _block_invoke(impl, inputs: dict):
-    dims = inputs.pop("dims")
-    seed = 808 + sum(dims)
-
-    def reference_instance() -> nn.Module:
-        torch.manual_seed(seed)
-        block = ref_gpt.GPTBlock(*dims)
-        with torch.no_grad():  # non-trivial LayerNorm and bias values, so that every part shows
-            for name, p in block.named_parameters():
-                if name.endswith("bias") or name.startswith("ln"):
-                    p.add_(0.1 * torch.randn(p.shape))
-        return block
-
-    invoke = module_invoke(lambda cls: cls(*dims), lambda module, kw: module(kw["x"]), reference_instance)
-    return invoke(impl, inputs)
+_BLOCK_PARTS = ("ln1", "attn", "ln2", "mlp")
 
 
 class _BlockLayout(nn.Module):
@@ -179,18 +190,20 @@ BLOCK_MISTAKES = (
 
 
 def _block_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(8, 2, 32), "GPTBlock(8, 2, 32)")
-    missing = [name for name in ("ln1", "attn", "ln2", "mlp") if not isinstance(getattr(module, name, None), nn.Module)]
+    module = layout(trial, (8, 2, 32), attrs=(*_BLOCK_PARTS, "attn.num_heads"), label="GPTBlock(8, 2, 32)")
+    found = module.get("attrs") or {}
+    present = {name: found[name] for name in _BLOCK_PARTS
+               if isinstance(found.get(name), dict) and found[name].get("is_module")}
+    missing = [name for name in _BLOCK_PARTS if name not in present]
     if missing:
         raise CheckFailed(f"GPTBlock(8, 2, 32) should have the submodules ln1, attn, ln2 and mlp; missing: {', '.join(missing)}.")
     for name in ("ln1", "ln2"):
-        if not isinstance(getattr(module, name), nn.LayerNorm):
-            raise CheckFailed(f"`{name}` should be an nn.LayerNorm(d_model), got {type(getattr(module, name)).__name__}.")
-    if getattr(module.attn, "num_heads", None) != 2:
+        if "torch.nn.modules.normalization.LayerNorm" not in (present[name].get("torch") or []):
+            raise CheckFailed(f"`{name}` should be an nn.LayerNorm(d_model), got {present[name].get('type')}.")
+    if found.get("attn.num_heads") != 2:
         raise CheckFailed("`attn` should be MultiHeadAttention(d_model, num_heads, dropout) with num_heads = 2.")
-    with unwatched():
-        expected = {k: tuple(v.shape) for k, v in ref_gpt.GPTBlock(8, 2, 32).state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in reference_state(ref_gpt.GPTBlock, (8, 2, 32), 0).items()}
+    got = module.get("state", {})
     if got != expected:
         wrong = [f"{k} {got.get(k, 'missing')}" for k in expected if got.get(k) != expected[k]]
         extra = [k for k in got if k not in expected]
@@ -211,7 +224,7 @@ def _block_causal(trial) -> None:
     out_a = trial.student(a, case.label)
     out_b = trial.student(b, case.label)
     if not isinstance(out_a, Tensor) or not isinstance(out_b, Tensor):
-        raise CheckFailed(f"GPTBlock.forward should return a tensor (B, T, d_model), got {type(out_a).__name__}.")
+        raise CheckFailed(f"GPTBlock.forward should return a tensor (B, T, d_model), got {_type_name(out_a)}.")
     diff = (out_a[:, :-1] - out_b[:, :-1]).abs().max().item()
     if not diff < 1e-9:
         raise CheckFailed(
@@ -221,19 +234,8 @@ def _block_causal(trial) -> None:
 
 
 def _block_gradients(trial) -> None:
-    case = _block_case(860, 2, 5, 8, 2, 16, f64)
-    inputs = case.make(trial.device)
-    x = inputs["x"].requires_grad_(True)
-
-    def run():
-        module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=torch.float64)
-        module(x).pow(2).sum().backward()
-        return module
-
-    module = trial.guarded(run, case.label)
-    for name, p in (("x", x), *module.named_parameters()):
-        if p.grad is None or float(p.grad.abs().sum()) == 0.0 or not bool(torch.isfinite(p.grad).all()):
-            raise CheckFailed(f"On {case.label}: `{name}` gets no (finite) gradient from the output.")
+    """x and every parameter of the student's own initialisation get a gradient."""
+    module_gradients(trial, _block_case(860, 2, 5, 8, 2, 16, f64))
 
 
 def _block_spec() -> ItemSpec:
@@ -246,7 +248,7 @@ def _block_spec() -> ItemSpec:
     return ItemSpec(
         name="GPTBlock",
         reference=ref_gpt.GPTBlock,
-        invoke=_block_invoke,
+        invoke=Invoke(module=True, forward=("x",)),
         mistakes=BLOCK_MISTAKES,
         subchecks=(
             SubCheck("submodules ln1, attn, ln2, mlp with the right parameters", 1, _block_parameters),
@@ -290,7 +292,7 @@ class _SampleCase:
 
     def make(self, device: torch.device) -> dict:
         logits = torch.tensor(self.rows, dtype=self.dtype).repeat_interleave(self.n, dim=0).to(device)
-        gen = torch.Generator(device=device).manual_seed(self.seed)
+        gen = torch.Generator(device=device).manual_seed(salted_seed(self.seed))
         kw = {"logits": logits, "temperature": self.temperature, "generator": gen}
         if self.top_k is not None:
             kw["top_k"] = self.top_k
@@ -305,7 +307,7 @@ class _SampleCase:
 def _validate_samples(case: _SampleCase, got, device) -> Tensor:
     B, V = len(case.rows) * case.n, len(case.rows[0])
     if not isinstance(got, Tensor):
-        raise CheckFailed(f"On {case.label}: expected a LongTensor of shape ({B},), got {type(got).__name__}.")
+        raise CheckFailed(f"On {case.label}: expected a LongTensor of shape ({B},), got {_type_name(got)}.")
     if got.dtype != torch.long:
         raise CheckFailed(f"On {case.label}: expected token ids as a LongTensor (int64), got dtype {dtype_name(got.dtype)}.")
     if tuple(got.shape) != (B,):
@@ -326,18 +328,31 @@ def _distance(freq: Tensor, probs: Tensor, n: int) -> tuple[float, tuple[int, in
     return float(ratio.max()), divmod(idx, probs.size(-1))
 
 
-def _matches_mistake(trial, case: _SampleCase, freq: Tensor, expected: Tensor) -> str | None:
-    for mistake in trial.spec.mistakes:
-        wrong = trial.mistake_output(mistake.impl, case.make(trial.device))
-        if not isinstance(wrong, Tensor) or wrong.shape != (len(case.rows) * case.n,):
-            continue
-        wrong_freq = case.frequencies(wrong)
-        if _distance(wrong_freq, expected, case.n)[0] <= 1.5:
-            continue  # this mistake does not show on this input
-        # two samples: allow twice the deviation
-        if _distance(freq, wrong_freq, case.n)[0] <= 1.5:
-            return mistake.hint
-    return None
+def _frequency_differ(case: _SampleCase):
+    """``differ`` for :meth:`Trial.likely_mistake` on sampled tokens: outputs are compared
+    by their frequency tables (a probability table, as the expected output, is used as
+    is). A mistake shows when its frequencies are over 1.5 allowed deviations from the
+    probabilities, and the student's draws match it within 1.5 (two samples: about
+    twice the deviation of one)."""
+    R, V = len(case.rows), len(case.rows[0])
+
+    def table(x) -> Tensor | None:
+        if not isinstance(x, Tensor):
+            return None
+        if x.dim() == 2 and tuple(x.shape) == (R, V) and x.is_floating_point():
+            return x.detach().cpu().double()  # probabilities
+        if tuple(x.shape) != (R * case.n,) or bool(((x < 0) | (x >= V)).any()):
+            return None  # not tokens of this case
+        return case.frequencies(x)
+
+    def differ(a, b) -> str | None:
+        ta, tb = table(a), table(b)
+        if ta is None or tb is None:
+            return None
+        dist = _distance(tb, ta, case.n)[0]
+        return None if dist <= 1.5 else f"frequencies differ by {dist:.1f} allowed deviations"
+
+    return differ
 
 
 def _sample_distribution(*cases: _SampleCase):
@@ -357,7 +372,7 @@ def _sample_distribution(*cases: _SampleCase):
                     continue
                 message = (f"On {case.label}: token {tok} of row {r} should be drawn with probability "
                            f"{probs[r, tok]:.3f}, but came up in {freq[r, tok]:.3f} of {case.n} draws.")
-            hint = _matches_mistake(trial, case, freq, probs)
+            hint = trial.likely_mistake(case, got, probs, differ=_frequency_differ(case))
             if hint:
                 message += f"\nLikely cause: {hint}"
             raise CheckFailed(message)
@@ -512,32 +527,17 @@ def _sample_spec() -> ItemSpec:
 # ---------------------------------------------------------------------------
 
 
-class ContextSumModel(nn.Module):
-    """A 'language model' whose greedy next token is the sum of every token it is shown,
-    mod V: the answer depends on exactly how much context the model is fed. It accepts
-    any length, so feeding it more than ``block_size`` tokens is visible in its output."""
-
-    def __init__(self, vocab_size: int, block_size: int) -> None:
-        super().__init__()
-        self.vocab_size, self.block_size = vocab_size, block_size
-
-    def forward(self, idx: Tensor) -> Tensor:
-        s = idx.cumsum(dim=1) % self.vocab_size  # (B, T)
-        return 5.0 * F.one_hot(s, self.vocab_size).float() + 0.1 * torch.arange(self.vocab_size, device=idx.device)
-
-
 def _gen_case(kind: str, B: int, T: int, new: int, block: int, seed: int, **extra) -> Case:
     def make(device):
-        g = torch.Generator().manual_seed(seed)
+        g = generator(seed)
         if kind == "sum":
-            model = ContextSumModel(11, block)
+            model = Build(f"{_HERE}:ContextSumModel", (11, block), device=str(device), train=False)
             idx = torch.randint(0, 11, (B, T), generator=g)
         else:
-            with unwatched():
-                torch.manual_seed(seed)
-                model = ref_gpt.GPT(vocab_size=13, block_size=block, d_model=16, n_layer=2, num_heads=2)
+            args = (13, block)
+            model = Build(f"{_HERE}:TinyLM", args, state=reference_state(TinyLM, args, seed), device=str(device),
+                          train=False)
             idx = torch.randint(0, 13, (B, T), generator=g)
-        model = model.to(device).eval()
         return {"model": model, "idx": idx.to(device), "max_new_tokens": new, "temperature": 0.0, **extra}
 
     what = "a model that predicts the sum of its context mod 11" if kind == "sum" else "a small GPT (13 tokens)"
@@ -704,42 +704,11 @@ def _count_spec() -> ItemSpec:
 # ---------------------------------------------------------------------------
 
 
-class _Sampler:
-    """A GaussianClassTasks sampler that also counts its calls (to report misuse)."""
-
-    def __init__(self, n_classes: int = 4, dim: int = 6, noise: float = 0.8) -> None:
-        self.tasks = ref_icl.GaussianClassTasks(n_classes, dim, noise)
-
-    def __call__(self, batch_size, shots, generator=None):
-        with unwatched():
-            return self.tasks(batch_size, shots, generator)
-
-
-class _CentroidModel(nn.Module):
-    """The nearest-centroid rule as a model, with a learnable scale and input dropout:
-    in train mode its predictions change, and a gradient step would change ``scale``."""
-
-    def __init__(self, dim: int, n_classes: int, dropout: float) -> None:
-        super().__init__()
-        self.rule = ref_icl.NearestCentroid(dim, n_classes)
-        self.scale = nn.Parameter(torch.ones(()))
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, prompts):
-        with unwatched():
-            last = self.rule(self.drop(prompts))[:, -1, :]
-        logits = torch.zeros(prompts.size(0), prompts.size(1), last.size(-1), dtype=last.dtype, device=last.device)
-        logits[:, -1] = self.scale * last  # only the query position predicts
-        return logits
-
-
 def _few_shot_case(seed: int, shots: tuple, n_eval: int, dropout: float, training: bool) -> Case:
     def make(device):
-        torch.manual_seed(seed)
-        model = _CentroidModel(6, 4, dropout)
-        model.train(training)
-        return {"model": model, "task_sampler": _Sampler(), "shots": list(shots), "n_eval": n_eval,
-                "generator": torch.Generator().manual_seed(seed)}
+        model = Build(f"{_HERE}:CentroidModel", (6, 4, dropout, salted_seed(seed)), train=training)
+        return {"model": model, "task_sampler": Build(f"{_HERE}:GaussianSampler"), "shots": list(shots),
+                "n_eval": n_eval, "generator": generator(seed)}
 
     mode = "in train mode with dropout 0.5" if training else "in eval mode"
     return Case(f"a nearest-centroid model {mode}, shots={list(shots)}, n_eval={n_eval}", make)
@@ -747,7 +716,7 @@ def _few_shot_case(seed: int, shots: tuple, n_eval: int, dropout: float, trainin
 
 def _describe_accuracy(expected: dict, got) -> str | None:
     if not isinstance(got, dict):
-        return f"the result should be a dict {{shots: accuracy}}, got a {type(got).__name__}."
+        return f"the result should be a dict {{shots: accuracy}}, got a {_type_name(got)}."
     if list(got.keys()) != list(expected.keys()):
         return f"the keys should be the numbers of shots {list(expected)} (in order), got {list(got)}."
     for k, e in expected.items():
@@ -755,20 +724,17 @@ def _describe_accuracy(expected: dict, got) -> str | None:
         if isinstance(g, Tensor):
             return f"the accuracy for {k} shots is a tensor: return a Python float (.item())."
         if not isinstance(g, float):
-            return f"the accuracy for {k} shots should be a float, got {type(g).__name__}."
+            return f"the accuracy for {k} shots should be a float, got {_type_name(g)}."
         if abs(g - e) > 1e-6:
             return f"the accuracy for {k} shots should be {e:.4f}, got {fmt_num(g)}."
     return None
 
 
-def _accuracy_hint(trial, case: Case, got, expected) -> str | None:
-    for mistake in trial.spec.mistakes:
-        wrong = trial.mistake_output(mistake.impl, case.make(trial.device))
-        if wrong is None or _describe_accuracy(expected, wrong) is None:
-            continue
-        if _describe_accuracy(wrong, got) is None:
-            return mistake.hint
-    return None
+def _accuracy_differ(a, b) -> str | None:
+    """``differ`` for :meth:`Trial.likely_mistake`: ``b`` read against ``a``'s accuracies."""
+    if not isinstance(a, dict):
+        return None if a == b else "different"
+    return _describe_accuracy(a, b)
 
 
 def _compare_accuracy(*cases: Case):
@@ -781,7 +747,7 @@ def _compare_accuracy(*cases: Case):
             if problem is None:
                 continue
             message = f"On {case.label}: {problem}"
-            hint = _accuracy_hint(trial, case, got, expected)
+            hint = trial.likely_mistake(case, got, expected, differ=_accuracy_differ)
             if hint:
                 message += f"\nLikely cause: {hint}"
             raise CheckFailed(message)
@@ -792,20 +758,27 @@ def _compare_accuracy(*cases: Case):
 def _no_parameter_changes(trial) -> None:
     case = _few_shot_case(950, (0, 2, 8), 64, 0.5, True)
     inputs = case.make(trial.device)
-    model = inputs["model"]
+    model = realise(inputs["model"])  # the model as shipped, built here
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    flags = [p.requires_grad for p in model.parameters()]
-    trial.student(inputs, case.label)
-    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    answer = trial.student({**inputs, "_after": ["model"]}, case.label, probe="after")
+    after = (answer.get("after") or {}).get("model") if isinstance(answer, dict) else None
+    if not isinstance(after, dict):
+        raise CheckFailed(f"On {case.label}: the model could not be inspected after your call.")
+    state = after["state"]
+    changed = [k for k, v in state.items()
+               if not (k in before and isinstance(v, Tensor) and v.shape == before[k].shape
+                       and v.dtype == before[k].dtype and torch.equal(v.cpu(), before[k]))]
+    changed += [k for k in before if k not in state]
     if changed:
         raise CheckFailed(
             f"On {case.label}: the model's parameters changed ({', '.join(changed)}). {FINE_TUNES}"
         )
-    if any(p.grad is not None for p in model.parameters()):
+    if after["with_grad"]:
         raise CheckFailed(f"On {case.label}: gradients were computed on the model's parameters: evaluate under torch.no_grad().")
-    if [p.requires_grad for p in model.parameters()] != flags:
+    if after["requires_grad"] != flags:
         raise CheckFailed(f"On {case.label}: requires_grad of the parameters was changed; leave the model as it was.")
-    if not model.training:
+    if not after["training"]:
         raise CheckFailed(f"On {case.label}: the model was left in eval mode; restore its train mode afterwards "
                           "(model.train(was_training)).")
 

@@ -13,9 +13,10 @@ from torch import nn
 from ... import multihead as ref
 from ..compare import describe_difference
 from ..properties import (
-    compare_cases, dtype_name, masked_keys_ignored, masked_weights_zero, module_invoke, randn,
-    weights_sum_to_one,
+    compare_cases, dtype_name, layout, masked_keys_ignored, masked_weights_zero, module_gradients,
+    module_inputs, randn, reference_state, weights_sum_to_one,
 )
+from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -179,27 +180,15 @@ def _mha_case(seed: int, B: int, T_q: int, T_k: int, d_model: int, H: int, dtype
             m = (torch.arange(T_k, device=device)[None, :] < lengths[:, None])[:, None, :]
         # "head_mask": the mask as it applies to weights (B, H, T_q, T_k), for the property checks
         head_mask = None if m is None else (m.unsqueeze(1) if m.dim() == 3 else m)
-        return {"dims": (d_model, H), "query": query, "key": memory, "value": memory, "mask": m,
-                "head_mask": head_mask, "_device": device, "_dtype": dtype}
+        dims = (d_model, H)
+        return module_inputs(dims, reference_state(ref.MultiHeadAttention, dims, 4321 + 7 * d_model + H),
+                             device, dtype, query=query, key=memory, value=memory, mask=m, head_mask=head_mask)
 
     words = {"none": "no mask", "causal": f"causal mask ({T_q}, {T_k})",
              "padding": f"padding mask ({B}, 1, {T_k}) with lengths {[max(1, T_k - 2 * b) for b in range(B)]}"}[mask]
     what = (f"cross-attention with query ({B}, {T_q}, {d_model}) and key = value ({B}, {T_k}, {d_model})"
             if cross else f"self-attention on x ({B}, {T_q}, {d_model})")
     return Case(f"MultiHeadAttention(d_model={d_model}, num_heads={H}), {what} {dtype_name(dtype)}, {words}", make)
-
-
-def _mha_reference_instance(dims: tuple[int, int]) -> nn.Module:
-    torch.manual_seed(4321 + 7 * dims[0] + dims[1])
-    return ref.MultiHeadAttention(*dims)
-
-
-def _mha_invoke(impl, inputs: dict):
-    dims = inputs.pop("dims")
-    invoke = module_invoke(lambda cls: cls(*dims).eval(),
-                           lambda module, kw: module(kw["query"], kw["key"], kw["value"], kw["mask"]),
-                           lambda: _mha_reference_instance(dims))
-    return invoke(impl, inputs)
 
 
 class _MHALayout(nn.Module):
@@ -353,10 +342,9 @@ MHA_MISTAKES = (
 
 
 def _mha_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(8, 2), "MultiHeadAttention(8, 2)")
+    got = layout(trial, (8, 2))["state"]
     expected = {f"{n}.{p}": (8, 8) if p == "weight" else (8,)
                 for n in ("w_q", "w_k", "w_v", "w_o") for p in ("weight", "bias")}
-    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     if got != expected:
         msg = (f"MultiHeadAttention(d_model=8, num_heads=2) should have exactly the parameters "
                f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
@@ -371,21 +359,7 @@ def _mha_parameters(trial) -> None:
 
 def _mha_gradients(trial) -> None:
     case = _mha_case(240, 2, 3, 5, 8, 2, f64, "padding", cross=True)
-    inputs = case.make(trial.device)
-    query = inputs["query"].requires_grad_(True)
-    memory = inputs["key"].detach().clone().requires_grad_(True)
-
-    def run():
-        module = trial.impl(*inputs["dims"]).to(device=trial.device, dtype=f64)
-        out = module(query, memory, memory, inputs["mask"])
-        y = out[0] if isinstance(out, tuple) else out
-        y.pow(2).sum().backward()
-        return module
-
-    module = trial.guarded(run, case.label)
-    for name, p in (("query", query), ("key/value", memory), *module.named_parameters()):
-        if p.grad is None or float(p.grad.abs().sum()) == 0.0:
-            raise CheckFailed(f"On {case.label}: `{name}` gets no gradient from the output.")
+    module_gradients(trial, case, names=("query", "key", "value"))
 
 
 def _mha_spec() -> ItemSpec:
@@ -413,7 +387,7 @@ def _mha_spec() -> ItemSpec:
     return ItemSpec(
         name="MultiHeadAttention",
         reference=ref.MultiHeadAttention,
-        invoke=_mha_invoke,
+        invoke=Invoke(module=True, forward=("query", "key", "value", "mask")),
         output_names=("out", "weights"),
         mistakes=MHA_MISTAKES,
         forbidden={F.multi_head_attention_forward: "it calls torch's multi_head_attention_forward; "

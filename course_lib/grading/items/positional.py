@@ -11,8 +11,12 @@ from torch import nn
 
 from ... import positional as ref
 from ..compare import describe_difference, fmt_num
-from ..properties import compare_cases, dtype_name, masked_weights_zero, module_gradients_reach, module_invoke, randn
-from ..runner import unwatched
+from ..properties import (
+    compare_cases, dtype_name, layout, masked_weights_zero, module_gradients, module_inputs,
+    randn, reference_state,
+)
+from ..calls import unwatched
+from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -290,27 +294,20 @@ def _relattn_case(seed: int, B: int, T: int, d_model: int, delta: int, dtype: to
     def make(device: torch.device) -> dict:
         x = randn((B, T, d_model), seed, dtype, device)
         mask = torch.ones(T, T, dtype=torch.bool, device=device).tril() if causal else None
-        return {"dims": (d_model, delta), "x": x, "mask": mask, "_device": device, "_dtype": dtype}
+        dims = (d_model, delta)
+        return module_inputs(dims, _relattn_reference_state(dims), device, dtype, x=x, mask=mask)
 
     m = "causal mask" if causal else "no mask"
     return Case(f"RelativeSelfAttention(d_model={d_model}, max_distance={delta}) on x ({B}, {T}, {d_model}) "
                 f"{dtype_name(dtype)}, {m}", make)
 
 
-def _relattn_reference_instance(dims: tuple[int, int]) -> nn.Module:
-    torch.manual_seed(2468 + 11 * dims[0] + dims[1])
-    module = ref.RelativeSelfAttention(*dims)
-    with torch.no_grad():  # smaller relative vectors keep the softmax away from saturation
-        module.rel_k.weight.mul_(0.5)
-        module.rel_v.weight.mul_(0.5)
-    return module
-
-
-def _relattn_invoke(impl, inputs: dict):
-    dims = inputs.pop("dims")
-    invoke = module_invoke(lambda cls: cls(*dims), lambda module, kw: module(kw["x"], kw["mask"]),
-                           lambda: _relattn_reference_instance(dims))
-    return invoke(impl, inputs)
+def _relattn_reference_state(dims: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """The weights every implementation runs with (grader side)."""
+    state = reference_state(ref.RelativeSelfAttention, dims, 2468 + 11 * dims[0] + dims[1])
+    for name in ("rel_k.weight", "rel_v.weight"):  # smaller relative vectors keep the softmax away from saturation
+        state[name] = state[name] * 0.5
+    return state
 
 
 class _RelLayout(nn.Module):
@@ -402,10 +399,9 @@ RELATTN_MISTAKES = (
 
 
 def _relattn_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(6, 2), "RelativeSelfAttention(6, 2)")
+    got = layout(trial, (6, 2))["state"]
     expected = {"w_q.weight": (6, 6), "w_k.weight": (6, 6), "w_v.weight": (6, 6),
                 "rel_k.weight": (5, 6), "rel_v.weight": (5, 6)}
-    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     if got != expected:
         msg = (f"RelativeSelfAttention(d_model=6, max_distance=2) should have exactly the parameters "
                f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
@@ -429,12 +425,12 @@ def _relattn_spec() -> ItemSpec:
     grad_case = _relattn_case(460, 2, 5, 6, 2, f64, True)
 
     def gradients(trial) -> None:
-        module_gradients_reach(trial, grad_case)
+        module_gradients(trial, grad_case)
 
     return ItemSpec(
         name="RelativeSelfAttention",
         reference=ref.RelativeSelfAttention,
-        invoke=_relattn_invoke,
+        invoke=Invoke(module=True, forward=("x", "mask")),
         output_names=("out", "weights"),
         mistakes=RELATTN_MISTAKES,
         subchecks=(

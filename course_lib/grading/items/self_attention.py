@@ -11,9 +11,11 @@ from torch import nn
 
 from ... import attention as ref
 from ..properties import (
-    compare_cases, dtype_name, gradients_reach, mask_words, masked_keys_ignored,
-    masked_weights_zero, module_gradients_reach, module_invoke, randn, weights_sum_to_one,
+    compare_cases, dtype_name, gradients_reach, layout, mask_words, masked_keys_ignored,
+    masked_weights_zero, module_gradients, module_inputs, randn,
+    reference_state, weights_sum_to_one,
 )
+from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -307,26 +309,15 @@ def _padding_spec() -> ItemSpec:
 def _selfattn_case(seed: int, B: int, T: int, d_model: int, d_k: int, d_v: int,
                    dtype: torch.dtype, causal: bool) -> Case:
     def make(device: torch.device) -> dict:
+        dims = (d_model, d_k, d_v)
         x = randn((B, T, d_model), seed, dtype, device)
         mask = torch.ones(T, T, dtype=torch.bool, device=device).tril() if causal else None
-        return {"dims": (d_model, d_k, d_v), "x": x, "mask": mask, "_device": device, "_dtype": dtype}
+        return module_inputs(dims, reference_state(ref.SelfAttention, dims, 1234 + sum(dims)), device, dtype,
+                             x=x, mask=mask)
 
     m = "causal mask" if causal else "no mask"
     return Case(f"SelfAttention(d_model={d_model}, d_k={d_k}, d_v={d_v}) on x ({B}, {T}, {d_model}) {dtype_name(dtype)}, {m}",
                 make)
-
-
-def _selfattn_invoke(impl, inputs: dict):
-    dims = inputs.pop("dims")
-    seed = 1234 + sum(dims)
-
-    def reference_instance() -> nn.Module:
-        torch.manual_seed(seed)
-        return ref.SelfAttention(*dims)
-
-    invoke = module_invoke(lambda cls: cls(*dims), lambda module, kw: module(kw["x"], kw["mask"]),
-                           reference_instance)
-    return invoke(impl, inputs)
 
 
 class _SelfAttentionLayout(nn.Module):
@@ -390,9 +381,8 @@ SELFATTN_MISTAKES = (
 
 
 def _selfattn_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(6, 4, 5), "SelfAttention(6, 4, 5)")
+    got = layout(trial, (6, 4, 5))["state"]
     expected = {"w_q.weight": (4, 6), "w_k.weight": (4, 6), "w_v.weight": (5, 6)}
-    got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     if got != expected:
         extra = [k for k in got if k not in expected]
         msg = (f"SelfAttention(d_model=6, d_k=4, d_v=5) should have exactly the parameters "
@@ -415,12 +405,12 @@ def _selfattn_spec() -> ItemSpec:
     grad_case = _selfattn_case(140, 2, 5, 8, 4, 6, f64, True)
 
     def gradients(trial) -> None:
-        module_gradients_reach(trial, grad_case)
+        module_gradients(trial, grad_case)
 
     return ItemSpec(
         name="SelfAttention",
         reference=ref.SelfAttention,
-        invoke=_selfattn_invoke,
+        invoke=Invoke(module=True, forward=("x", "mask")),
         output_names=("out", "weights"),
         mistakes=SELFATTN_MISTAKES,
         subchecks=(

@@ -21,93 +21,67 @@ from ... import bleu as bleu_ref
 from ... import decoding as dec_ref
 from ... import optim as optim_ref
 from ... import transformer as ref
+from ...attention import causal_mask
 from ...multihead import MultiHeadAttention
+from ...positional import sinusoidal_positional_encoding
 from ..compare import describe_difference, fmt_num
-from ..properties import compare_cases, dtype_name, randn
-from ..runner import unwatched
+from ..properties import (
+    compare_cases, dtype_name, generator, layout, module_inputs, randn,
+    reference_state, seed as salted_seed,
+)
+from ..calls import Invoke
+_FIXTURES = "course_lib.grading.fixtures.transformer"  # Build targets (student side)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..wire import Build
 
 f32, f64 = torch.float32, torch.float64
 
 # ---------------------------------------------------------------------------
-# Modules: build with the reference's weights, then run
+# Modules: the grader builds the reference's weights, the student's side loads them
 # ---------------------------------------------------------------------------
-
-_ALIASES = {"gamma": "weight", "beta": "bias"}
 
 
 def _reference_state(cls: type, args: tuple, seed: int) -> dict[str, torch.Tensor]:
     """State of a seeded reference instance, its LayerNorms moved away from (1, 0) so
-    that a forgotten γ or β shows."""
-    with unwatched():
-        torch.manual_seed(seed)
-        module = cls(*args)
-        g = torch.Generator().manual_seed(seed + 1)
-        state = {k: v.clone() for k, v in module.state_dict().items()}
-        for key, value in state.items():
-            if key.endswith("gamma"):
-                state[key] = 1.0 + 0.3 * torch.randn(value.shape, generator=g)
-            elif key.endswith("beta"):
-                state[key] = 0.3 * torch.randn(value.shape, generator=g)
+    that a forgotten γ or β shows (grader side)."""
+    state = reference_state(cls, args, seed)
+    g = generator(seed + 1)
+    for key, value in state.items():
+        if key.endswith("gamma"):
+            state[key] = 1.0 + 0.3 * torch.randn(value.shape, generator=g)
+        elif key.endswith("beta"):
+            state[key] = 0.3 * torch.randn(value.shape, generator=g)
     return state
 
 
-def _load(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy ``state`` into ``module``; ``gamma``/``beta`` may be called ``weight``/``bias``
-    (as in ``nn.LayerNorm``)."""
-    own = module.state_dict()
-    mapped = {}
-    for key, value in state.items():
-        target = key
-        if key not in own:
-            head, _, last = key.rpartition(".")
-            alt = (head + "." if head else "") + _ALIASES.get(last, last)
-            if alt in own:
-                target = alt
-        if target not in own:
-            have = ", ".join(f"{k} {tuple(v.shape)}" for k, v in own.items()) or "none"
-            raise CheckFailed(f"expected a parameter `{key}` {tuple(value.shape)}; your module has: {have}.")
-        if own[target].shape != value.shape:
-            raise CheckFailed(f"parameter `{target}` has shape {tuple(own[target].shape)}, expected {tuple(value.shape)}.")
-        mapped[target] = value
-    module.load_state_dict(mapped, strict=False)
-
-
-def _module_invoke(reference: type, call: Callable[[nn.Module, dict], Any]) -> Callable[[Any, dict], Any]:
-    def invoke(impl: Any, inputs: dict) -> Any:
-        inputs = dict(inputs)
-        args, seed = inputs.pop("args"), inputs.pop("seed")
-        device, dtype = inputs.pop("_device"), inputs.pop("_dtype")
-        module = impl(*args)
-        _load(module, _reference_state(reference, args, seed))
-        module = module.to(device=device, dtype=dtype).eval()
-        return call(module, inputs)
-
-    return invoke
-
-
-def _module_case(label: str, args: tuple, seed: int, dtype: torch.dtype,
+def _module_case(label: str, reference: type, args: tuple, seed: int, dtype: torch.dtype,
                  make_inputs: Callable[[torch.device], dict]) -> Case:
     def make(device: torch.device) -> dict:
-        return {"args": args, "seed": seed, "_device": device, "_dtype": dtype, **make_inputs(device)}
+        return module_inputs(args, _reference_state(reference, args, seed), device, dtype, **make_inputs(device))
 
     return Case(label, make)
+
+
+def _construct(trial, args: tuple, kwargs: dict | None = None, attrs: tuple = (), label: str = "") -> dict:
+    """The student's ``impl(*args, **kwargs)``: its parameters (values) and the requested
+    attributes it has."""
+    built = layout(trial, args, attrs, kwargs=kwargs, values=True, label=label)
+    return {"params": built.get("values", {}), "attrs": built.get("attrs", {})}
 
 
 def _padding(lengths: list[int], T: int, device: torch.device) -> torch.Tensor:
     return (torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None])[:, None, :]
 
 
-def _submodules(trial, args: tuple, names: dict[str, str]) -> nn.Module:
-    """Construct the student's module and check that it has the named submodules."""
+def _submodules(trial, args: tuple, names: dict[str, str]) -> None:
+    """The student's module has the named submodules."""
     label = f"{trial.spec.name}{args}"
-    module = trial.guarded(lambda: trial.impl(*args), label)
-    missing = [n for n in names if not isinstance(getattr(module, n, None), nn.Module)]
+    found = layout(trial, args, tuple(names)).get("attrs") or {}
+    missing = [n for n in names if not isinstance(found.get(n), dict)]
     if missing:
         wanted = ", ".join(f"`{n}` ({what})" for n, what in names.items())
         raise CheckFailed(f"{label} needs the submodules {wanted}; missing: {', '.join(missing)}. "
                           "The grader copies weights into them by name.")
-    return module
 
 
 # ---------------------------------------------------------------------------
@@ -167,13 +141,13 @@ def _ln_case(shape: tuple, dtype: torch.dtype, seed: int, scale: float = 1.0, sh
     words = "" if scale == 1.0 else f" with small spread (std {scale:g})"
     if shift:
         words += f" around {shift:g}"
-    return _module_case(f"LayerNorm({d}) on x {shape} {dtype_name(dtype)}{words}", (d,), seed, dtype,
-                        lambda device: {"x": randn(shape, seed, dtype, device) * scale + shift})
+    return _module_case(f"LayerNorm({d}) on x {shape} {dtype_name(dtype)}{words}", ref.LayerNorm, (d,), seed,
+                        dtype, lambda device: {"x": randn(shape, seed, dtype, device) * scale + shift})
 
 
 def _ln_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(6), "LayerNorm(6)")
-    params = dict(module.named_parameters())
+    built = _construct(trial, (6,), attrs=("eps",), label="LayerNorm(6)")
+    params = built["params"]
     if set(params) != {"gamma", "beta"}:
         raise CheckFailed(f"LayerNorm(6) should have exactly the parameters gamma (6,) and beta (6,); yours: "
                           f"{', '.join(f'{k} {tuple(v.shape)}' for k, v in params.items()) or 'none'}.")
@@ -181,23 +155,16 @@ def _ln_parameters(trial) -> None:
         raise CheckFailed("gamma and beta must have shape (d_model,).")
     if not (bool((params["gamma"] == 1).all()) and bool((params["beta"] == 0).all())):
         raise CheckFailed("gamma starts at ones and beta at zeros (so a new LayerNorm only normalises).")
-    eps = getattr(module, "eps", None)
-    module2 = trial.guarded(lambda: trial.impl(6, eps=1e-3), "LayerNorm(6, eps=1e-3)")
-    if getattr(module2, "eps", 1e-3) != 1e-3 or (eps is not None and eps != 1e-5):
+    eps = built["attrs"].get("eps", None)
+    built2 = _construct(trial, (6,), {"eps": 1e-3}, attrs=("eps",), label="LayerNorm(6, eps=1e-3)")
+    if built2["attrs"].get("eps", 1e-3) != 1e-3 or (eps is not None and eps != 1e-5):
         raise CheckFailed("eps defaults to 1e-5 and must be stored as given (LayerNorm(6, eps=1e-3)).")
 
 
 def _ln_matches_torch(trial) -> None:
     x = randn((3, 4, 10), 77, f64, trial.device)
-
-    def run():
-        module = trial.impl(10).to(device=trial.device, dtype=f64)
-        with torch.no_grad():
-            for name, p in module.named_parameters():
-                p.copy_(torch.linspace(0.5, 1.5, 10, dtype=f64) if "gamma" in name else torch.linspace(-1, 1, 10, dtype=f64))
-        return module(x)
-
-    got = trial.guarded(run, "x (3, 4, 10) float64")
+    state = {"gamma": torch.linspace(0.5, 1.5, 10, dtype=f64), "beta": torch.linspace(-1, 1, 10, dtype=f64)}
+    got = trial.student(module_inputs((10,), state, trial.device, f64, x=x), "x (3, 4, 10) float64")
     expected = F.layer_norm(x, (10,), torch.linspace(0.5, 1.5, 10, dtype=f64, device=trial.device),
                             torch.linspace(-1, 1, 10, dtype=f64, device=trial.device), 1e-5)
     problem = describe_difference(expected, got)
@@ -209,7 +176,7 @@ def _ln_spec() -> ItemSpec:
     return ItemSpec(
         name="LayerNorm",
         reference=ref.LayerNorm,
-        invoke=_module_invoke(ref.LayerNorm, lambda m, kw: m(kw["x"])),
+        invoke=Invoke(module=True, forward=("x",), aliases=True),
         mistakes=LN_MISTAKES,
         forbidden={F.layer_norm: "it calls torch.nn.functional.layer_norm; compute the mean and variance yourself"},
         subchecks=(
@@ -262,25 +229,26 @@ FFN_MISTAKES = (
 
 def _ffn_case(B: int, T: int, d: int, d_ff: int, dtype: torch.dtype, seed: int) -> Case:
     return _module_case(f"PositionwiseFeedForward({d}, {d_ff}) on x ({B}, {T}, {d}) {dtype_name(dtype)}",
-                        (d, d_ff), seed, dtype, lambda device: {"x": randn((B, T, d), seed, dtype, device)})
+                        ref.PositionwiseFeedForward, (d, d_ff), seed, dtype,
+                        lambda device: {"x": randn((B, T, d), seed, dtype, device)})
 
 
 def _ffn_parameters(trial) -> None:
-    module = trial.guarded(lambda: trial.impl(6, 10), "PositionwiseFeedForward(6, 10)")
+    params = _construct(trial, (6, 10), label="PositionwiseFeedForward(6, 10)")["params"]
     expected = {"linear1.weight": (10, 6), "linear1.bias": (10,), "linear2.weight": (6, 10), "linear2.bias": (6,)}
-    got = {k: tuple(v.shape) for k, v in module.named_parameters()}
+    got = {k: tuple(v.shape) for k, v in params.items()}
     if got != expected:
         raise CheckFailed("PositionwiseFeedForward(d_model=6, d_ff=10) should have exactly "
                           f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
                           f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
-    trial.guarded(lambda: trial.impl(6, 10, dropout=0.1), "PositionwiseFeedForward(6, 10, dropout=0.1)")
+    _construct(trial, (6, 10), {"dropout": 0.1}, label="PositionwiseFeedForward(6, 10, dropout=0.1)")
 
 
 def _ffn_spec() -> ItemSpec:
     return ItemSpec(
         name="PositionwiseFeedForward",
         reference=ref.PositionwiseFeedForward,
-        invoke=_module_invoke(ref.PositionwiseFeedForward, lambda m, kw: m(kw["x"])),
+        invoke=Invoke(module=True, forward=("x",), aliases=True),
         mistakes=FFN_MISTAKES,
         subchecks=(
             SubCheck("parameters linear1 (d_model → d_ff) and linear2 (d_ff → d_model); takes dropout", 1,
@@ -398,14 +366,14 @@ def _enc_case(B: int, T: int, d: int, h: int, d_ff: int, norm_first: bool, dtype
     ln = "pre-LN (norm_first=True)" if norm_first else "post-LN"
     m = f"padding mask, lengths {lengths}" if lengths else "no mask"
     return _module_case(f"EncoderLayer({d}, {h}, {d_ff}, norm_first={norm_first}) [{ln}] on x ({B}, {T}, {d}) "
-                        f"{dtype_name(dtype)}, {m}", (d, h, d_ff, 0.0, norm_first), seed, dtype, inputs)
+                        f"{dtype_name(dtype)}, {m}", ref.EncoderLayer, (d, h, d_ff, 0.0, norm_first), seed, dtype,
+                        inputs)
 
 
-def _enc_call(module, kw):
-    return module(kw["x"], kw["mask"])
+ENC_FORWARD = ("x", "mask")
 
 
-def _padding_no_leak(case: Case, lengths: list[int], call: Callable, key: str = "x") -> Callable:
+def _padding_no_leak(case: Case, lengths: list[int], key: str = "x") -> Callable:
     """Changing the padded positions of ``key`` leaves the outputs at real positions unchanged."""
 
     def run(trial) -> None:
@@ -437,7 +405,7 @@ def _enc_spec() -> ItemSpec:
     return ItemSpec(
         name="EncoderLayer",
         reference=ref.EncoderLayer,
-        invoke=_module_invoke(ref.EncoderLayer, _enc_call),
+        invoke=Invoke(module=True, forward=ENC_FORWARD, aliases=True),
         mistakes=ENC_MISTAKES,
         subchecks=(
             SubCheck("submodules self_attn, ffn, norm1, norm2", 1, _enc_structure),
@@ -449,7 +417,7 @@ def _enc_spec() -> ItemSpec:
                      compare_cases(pad_case, _enc_case(2, 7, 12, 3, 10, True, f64, 530, [7, 3]),
                                    _enc_case(1, 4, 16, 4, 32, False, f32, 540)), hidden=True),
             SubCheck("padded positions do not change the real positions' outputs", 1,
-                     _padding_no_leak(pad_case, [6, 4, 2], _enc_call), hidden=True),
+                     _padding_no_leak(pad_case, [6, 4, 2]), hidden=True),
         ),
     )
 
@@ -563,11 +531,10 @@ def _dec_case(B: int, T: int, S: int, d: int, h: int, d_ff: int, norm_first: boo
     m = f"source padding mask, lengths {src_lengths}" if src_lengths else "no memory mask"
     return _module_case(f"DecoderLayer({d}, {h}, {d_ff}, norm_first={norm_first}) [{ln}] on x ({B}, {T}, {d}), "
                         f"memory ({B}, {S}, {d}) {dtype_name(dtype)}, causal tgt_mask, {m}",
-                        (d, h, d_ff, 0.0, norm_first), seed, dtype, inputs)
+                        ref.DecoderLayer, (d, h, d_ff, 0.0, norm_first), seed, dtype, inputs)
 
 
-def _dec_call(module, kw):
-    return module(kw["x"], kw["memory"], kw["tgt_mask"], kw["memory_mask"])
+DEC_FORWARD = ("x", "memory", "tgt_mask", "memory_mask")
 
 
 def _dec_causal(case: Case) -> Callable:
@@ -610,7 +577,7 @@ def _dec_spec() -> ItemSpec:
     return ItemSpec(
         name="DecoderLayer",
         reference=ref.DecoderLayer,
-        invoke=_module_invoke(ref.DecoderLayer, _dec_call),
+        invoke=Invoke(module=True, forward=DEC_FORWARD, aliases=True),
         mistakes=DEC_MISTAKES,
         subchecks=(
             SubCheck("submodules self_attn, cross_attn, ffn, norm1, norm2, norm3", 1, _dec_structure),
@@ -625,7 +592,7 @@ def _dec_spec() -> ItemSpec:
                      _dec_causal(_dec_case(2, 6, 5, 8, 2, 16, True, f64, 650)), hidden=True),
             SubCheck("cross-attention reads the encoder output; padded source positions do not leak", 1,
                      lambda t: (_dec_memory_matters(pad_case)(t),
-                                _padding_no_leak(pad_case, [6, 3, 1], _dec_call, key="memory")(t)), hidden=True),
+                                _padding_no_leak(pad_case, [6, 3, 1], key="memory")(t)), hidden=True),
         ),
     )
 
@@ -782,7 +749,7 @@ LS_MISTAKES = (
 def _ls_case(shape: tuple, K: int, epsilon: float, ignore_index: int | None, dtype: torch.dtype, seed: int) -> Case:
     def make(device):
         logits = randn((*shape, K), seed, dtype, device) * 2
-        g = torch.Generator().manual_seed(seed + 1)
+        g = generator(seed + 1)
         target = torch.randint(0, K, shape, generator=g)
         drop = torch.rand(shape, generator=g) < 0.3
         drop.view(-1)[0] = True
@@ -804,14 +771,15 @@ def _ls_case(shape: tuple, K: int, epsilon: float, ignore_index: int | None, dty
 def _ls_gradients(trial) -> None:
     case = _ls_case((3, 4), 6, 0.1, 0, f64, 790)
     inputs = case.make(trial.device)
-    inputs["logits"].requires_grad_(True)
-    loss = trial.student(inputs, case.label)
-    if not isinstance(loss, torch.Tensor) or not loss.requires_grad or loss.dim() != 0:
+    asked = {**inputs, "_grads": {"names": ["logits"], "index": None, "reduce": "sum"}}
+    out = trial.student(asked, case.label, probe="gradients")
+    loss = out.get("output") if isinstance(out, dict) else None
+    if not out.get("connected") or not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise CheckFailed(f"On {case.label}: return a scalar tensor connected to the logits (no .item(), no .detach()).")
-    loss.backward()
-    g = inputs["logits"].grad
+    g = (out.get("grads") or {}).get("logits")
     ignored = inputs["target"] == 0
-    if g is None or not bool(torch.isfinite(g).all()):
+    if (not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(inputs["logits"].shape)
+            or not bool(torch.isfinite(g).all())):
         raise CheckFailed(f"On {case.label}: the logits get no finite gradient.")
     if bool((g[ignored] != 0).any()):
         raise CheckFailed(f"On {case.label}: ignored positions get a gradient; they must not affect the loss.")
@@ -842,51 +810,26 @@ def _ls_spec() -> ItemSpec:
 # greedy_decode
 # ---------------------------------------------------------------------------
 
-class ScriptedModel(nn.Module):
-    """A deterministic stand-in for a trained translator, with ``encode``/``decode``.
-
-    The next token depends on the *whole* prefix (sum of its ids), the position and the
-    source; sentence ``b`` predicts EOS at position ``length_b`` (its number of real source
-    tokens), and other tokens again after that (a decoder must stop reading them).
-    """
-
-    def __init__(self, vocab_size: int = 13, eos_id: int = 2) -> None:
-        super().__init__()
-        self.V, self.eos = vocab_size, eos_id
-
-    def encode(self, src, src_mask=None):
-        lengths = src_mask.reshape(src.size(0), -1).sum(-1) if src_mask is not None else torch.full(
-            (src.size(0),), src.size(1), device=src.device)
-        return torch.stack([src.sum(-1).float(), lengths.float()], -1)[:, None, :]  # (B, 1, 2)
-
-    def decode(self, tgt, memory, src_mask=None):
-        B, T = tgt.shape
-        ssum, length = memory[:, 0, 0].long(), memory[:, 0, 1].long()
-        prefix = tgt.cumsum(-1)  # (B, T)
-        pos = torch.arange(T, device=tgt.device)[None, :]
-        nxt = (prefix * 3 + ssum[:, None] + pos) % (self.V - 3) + 3
-        nxt = torch.where(pos + 1 == length[:, None], torch.full_like(nxt, self.eos), nxt)
-        logits = torch.linspace(0, 1, self.V, device=tgt.device).expand(B, T, self.V).clone()
-        return logits.scatter(-1, nxt[..., None], 5.0)
+_TRANSFORMER_ARGS = (12, 16, 2, 1, 1, 32)  # vocab, d_model, heads, encoder layers, decoder layers, d_ff
 
 
-def _transformer_model(seed: int) -> nn.Module:
-    with unwatched():
-        torch.manual_seed(seed)
-        model = ref.Transformer(12, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32,
-                                dropout=0.0).eval()
-        with torch.no_grad():
-            model.out_bias[2] = 1.5  # EOS likely enough that some sentences end early
-    return model
+def _transformer_model(seed: int, device: torch.device) -> Build:
+    """A small random Transformer: the reference's initialisation (grader side), run by a
+    :class:`PlainTransformer` on the student's side."""
+    state = reference_state(ref.Transformer, (*_TRANSFORMER_ARGS, 0.0), seed)
+    state["out_bias"][2] = 1.5  # EOS likely enough that some sentences end early
+    state = {k.replace(".gamma", ".weight").replace(".beta", ".bias"): v for k, v in state.items()}
+    return Build(f"{_FIXTURES}:PlainTransformer", _TRANSFORMER_ARGS, state=state, device=str(device), train=False)
 
 
 def _greedy_case(kind: str, lengths: list[int], S: int, max_len: int, seed: int) -> Case:
     def make(device):
-        g = torch.Generator().manual_seed(seed)
+        g = generator(seed)
         src = torch.randint(3, 12, (len(lengths), S), generator=g).to(device)
         mask = _padding(lengths, S, device)
-        model = ScriptedModel() if kind == "scripted" else _transformer_model(seed)
-        return {"model": model.to(device), "src": src, "src_mask": mask, "bos_id": 1, "eos_id": 2, "max_len": max_len}
+        model = (Build(f"{_FIXTURES}:ScriptedModel", device=str(device), train=False) if kind == "scripted"
+                 else _transformer_model(seed, device))
+        return {"model": model, "src": src, "src_mask": mask, "bos_id": 1, "eos_id": 2, "max_len": max_len}
 
     what = ("a scripted model (sentence b predicts <eos> after as many tokens as its source has)" if kind == "scripted"
             else "a small random Transformer")
@@ -1063,7 +1006,7 @@ BLEU_MISTAKES = (
 
 
 def _bleu_corpus(seed: int, n_sent: int, short: bool = False, repeat: bool = False) -> tuple[list, list]:
-    rng = random.Random(seed)
+    rng = random.Random(salted_seed(seed))
     words = "a b c d e f".split()
     cands, refs = [], []
     for _ in range(n_sent):
@@ -1085,6 +1028,17 @@ def _bleu_case(label: str, cands: list, refs: list, max_n: int = 4) -> Case:
                                        "references": [list(r) for r in refs], "max_n": max_n})
 
 
+def _bleu_random_case(label: str, seed: int, n_sent: int, short: bool = False, repeat: bool = False,
+                      max_n: int = 4) -> Case:
+    """A random corpus drawn when the case is made (so that it follows the grading salt)."""
+
+    def make(device) -> dict:
+        cands, refs = _bleu_corpus(seed, n_sent, short=short, repeat=repeat)
+        return {"candidates": cands, "references": refs, "max_n": max_n}
+
+    return Case(label, make)
+
+
 HAND_CANDS = [["the", "cat", "sat", "on", "the", "mat"], ["a", "dog", "ran", "in", "the", "park"]]
 HAND_REFS = [["the", "cat", "sat", "on", "the", "mat"], ["the", "dog", "ran", "in", "the", "big", "park"]]
 
@@ -1101,9 +1055,6 @@ def _bleu_range(trial) -> None:
 
 
 def _bleu_spec() -> ItemSpec:
-    rand = _bleu_corpus(900, 8)
-    short = _bleu_corpus(910, 6, short=True)
-    repeat = _bleu_corpus(920, 5, repeat=True)
     return ItemSpec(
         name="bleu",
         reference=bleu_ref.bleu,
@@ -1115,10 +1066,10 @@ def _bleu_spec() -> ItemSpec:
             SubCheck("1 for a perfect match, 0 without a common 4-gram", 1, _bleu_range),
             SubCheck("random corpora: longer candidates, repeated words (clipping), short candidates (brevity), "
                      "max_n=2", 1,
-                     compare_cases(_bleu_case("a random corpus of 8 sentences", *rand),
-                                   _bleu_case("candidates ending in repeated words", *repeat),
-                                   _bleu_case("candidates shorter than their references", *short),
-                                   _bleu_case("a random corpus with max_n=2", *rand, max_n=2)), hidden=True),
+                     compare_cases(_bleu_random_case("a random corpus of 8 sentences", 900, 8),
+                                   _bleu_random_case("candidates ending in repeated words", 920, 5, repeat=True),
+                                   _bleu_random_case("candidates shorter than their references", 910, 6, short=True),
+                                   _bleu_random_case("a random corpus with max_n=2", 900, 8, max_n=2)), hidden=True),
         ),
     )
 
