@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-fast browser release check-release clean-grading
+.PHONY: lab test test-fast browser sandbox release check-release clean-grading
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)
 
-test: $(STAMP) browser
+test: $(STAMP) browser sandbox
 	$(BIN)/python -m pytest
 
 # The JupyterLab end-to-end test drives headless Chromium. Installed here when possible
@@ -31,6 +31,15 @@ browser:
 	    echo "installing Chromium for the browser tests"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "note: Chromium not found; the JupyterLab browser test will be skipped"; fi; }
+
+# The grading sandbox: Debian's bubblewrap (`workbook autograde` refuses to grade without
+# it, and says how to install it). Installed here when possible (root with apt-get, as on CI).
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap for the grading sandbox"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else echo "note: bubblewrap (bwrap) not found: install it (sudo apt-get install bubblewrap) to grade safely"; fi; }
 
 # Skip notebook execution and nbgrader runs (seconds instead of minutes).
 test-fast: $(STAMP)

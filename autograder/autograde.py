@@ -1,16 +1,19 @@
-"""Autograde every submission in parallel; one process writes the gradebook.
+"""Autograde every submission in parallel, sealed off; one process writes the gradebook.
 
 The parent process reads and sanitizes each submitted notebook with nbgrader's own
-preprocessors (the gradebook's locked cells and tests put back), hands it to a
-pool of worker processes that execute it under limits (:mod:`autograder.execute`)
-and score its test cells (``nbgrader.utils.determine_grade``), and writes each
-result as it comes back: grades through nbgrader's ``SaveAutoGrades``, the
-autograded notebook, and a report with every problem found. Workers never touch
-the gradebook, so there are no "database is locked" errors and no lost rows, and
-parallel grading gives exactly the grades of sequential grading.
+preprocessors (the gradebook's locked cells and tests put back) and hands it to a
+pool of worker processes. A worker runs it in a sandbox and judges its answers in
+its own process (:mod:`autograder.supervisor`); the student's process only ever
+produces answers and outputs, never a score. The parent writes each result as it
+arrives: the grades through nbgrader's gradebook API, the autograded notebook (each
+test cell holding the grader's report and score), and the student's report with
+every problem found. A batch that is interrupted keeps everything it wrote, and the
+next run grades only what is missing or changed (``force`` grades everything again).
 
 Every submission ends with a recorded score (0 where nothing could be graded) and
-the reasons; a bad one never stops the batch. Grading twice gives the same result.
+the reasons; a bad one never stops the batch. Grading twice gives the same grades:
+the hidden inputs are derived from a secret kept in ``grading/`` (outside every
+sandbox) and from the student, notebook and item.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -33,15 +39,16 @@ import nbformat
 from nbformat import NotebookNode
 from nbgrader import utils as nbutils
 from nbgrader.api import Gradebook
-from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds, IgnorePattern,
-                                    LimitOutput, OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
+from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells,
+                                    OverwriteKernelspec, SaveAutoGrades)
 from traitlets.config import Config
 
 from .course import Course, CourseError, read_json, write_json_atomic
-from .execute import Limits, execute_notebook
 from .pool import WorkerPool
+from .sandbox import Limits, SandboxUnavailable, check_available
+from .supervisor import Problem
 
-__all__ = ["GradingOptions", "autograde", "Problem", "MAX_NOTEBOOK_MB"]
+__all__ = ["GradingOptions", "autograde", "Problem", "MAX_NOTEBOOK_MB", "Limits"]
 
 MAX_NOTEBOOK_MB = 50
 _QUIET = logging.getLogger("autograder.quiet")
@@ -51,22 +58,24 @@ _QUIET.propagate = False
 
 @dataclass
 class GradingOptions:
-    """How to autograde: worker count and the limits for each notebook."""
+    """How to autograde: worker count, limits, and what to regrade.
+
+    ``unsafe_no_sandbox`` grades without bubblewrap (every grade written is marked
+    unverified); ``gpu`` exposes the NVIDIA devices to the sandbox and judges on CUDA;
+    ``force`` grades again submissions already graded with the same inputs."""
 
     workers: int = 0  # 0: one per core
     limits: Limits = field(default_factory=Limits)
     threads_per_kernel: int = 1
     students: list[str] | None = None
+    unsafe_no_sandbox: bool = False
+    gpu: bool = False
+    force: bool = False
 
     def worker_count(self) -> int:
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0 = one per core), got {self.workers}")
         return self.workers or max(1, len(os.sched_getaffinity(0)))
-
-
-def Problem(kind: str, message: str, cell: str = "") -> dict[str, str]:  # noqa: N802
-    """One reason recorded for a submission (``kind`` is a short keyword)."""
-    return {"kind": kind, "message": message, "cell": cell}
 
 
 # ---------------------------------------------------------------------------
@@ -181,88 +190,84 @@ def sanitize(nb: NotebookNode, course: Course, resources: dict) -> tuple[Noteboo
 
 
 # ---------------------------------------------------------------------------
-# Executing and scoring (worker processes)
+# Secrets and fingerprints
 # ---------------------------------------------------------------------------
 
-def _init_worker(env: dict[str, str]) -> None:
+def course_secret(course: Course) -> bytes:
+    """The course's grading secret (created on first use, readable by its owner only).
+    Hidden inputs are derived from it; no sandbox ever sees it."""
+    path = course.grading_dir / ".workbook-secret"
+    if not path.exists():
+        course.grading_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+    return path.read_bytes()
+
+
+def item_salt(secret: bytes, assignment: str, notebook: str, student: str, item: str) -> int:
+    """The salt of one item's inputs for one student (deterministic, never 0)."""
+    digest = hmac.new(secret, f"{assignment}/{notebook}/{student}/{item}".encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:6], "big") | 1
+
+
+def course_fingerprint(course: Course) -> str:
+    """A hash of what grading depends on: course_lib, the assignment sources and the config."""
+    import course_lib
+    h = hashlib.sha256()
+    roots = [Path(course_lib.__file__).parent, course.source_dir, Path(__file__).parent]
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts:
+                h.update(str(p.relative_to(root)).encode())
+                h.update(p.read_bytes())
+    h.update((course.root / "nbgrader_config.py").read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _test_items(nb: NotebookNode) -> list[str]:
+    """The items of the notebook's test cells (``test_<item>``)."""
+    return [c["metadata"]["nbgrader"]["grade_id"].removeprefix("test_") for c in nb.cells
+            if c.get("cell_type") == "code" and nbutils.is_grade(c) and not nbutils.is_solution(c)]
+
+
+def _submission_fingerprint(path: Path, extra: list[tuple[str, str]], salt_key: str) -> str:
+    h = hashlib.sha256(salt_key.encode())
+    if path.is_file():
+        h.update(path.read_bytes())
+    for rel, full in extra:
+        h.update(rel.encode())
+        h.update(Path(full).read_bytes())
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------
+# The worker side
+# ---------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(env: dict[str, str], uid_base: int, slot: int) -> None:
     os.environ.update(env)
     logging.getLogger("traitlets").setLevel(logging.CRITICAL)
+    import torch
+    torch.set_num_threads(1)
+    _WORKER["uid"] = uid_base + slot  # each concurrent sandbox its own user (when grading as root)
 
 
-def _error_text(output: dict) -> str:
-    value = str(output.get("evalue", "")).strip()[:300]
-    return f"{output.get('ename', 'Error')}: {value}" if value else str(output.get("ename", "Error"))
-
-
-def score_cells(nb: NotebookNode) -> list[dict]:
-    """Score of each graded cell, as nbgrader's ``determine_grade`` gives it, with the
-    first error (if any) in that cell."""
-    rows = []
-    for cell in nb.cells:
-        if not nbutils.is_grade(cell):
-            continue
-        score, max_score = nbutils.determine_grade(cell, _QUIET)
-        error = ""
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                error = _error_text(output)
-                break
-            if output.get("output_type") == "stream" and output.get("name") == "stderr":
-                error = "wrote to stderr: " + output.get("text", "").strip()[:200]
-                break
-        rows.append({"grade_id": cell.metadata.nbgrader["grade_id"], "score": score,
-                     "max_score": max_score, "error": error})
-    return rows
-
-
-def _cell_errors(nb: NotebookNode) -> list[dict]:
-    """Errors raised in cells that are not graded themselves (e.g. a solution cell)."""
-    found = []
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or nbutils.is_grade(cell):
-            continue
-        outputs = cell.get("outputs", [])
-        timed_out = any(o.get("ename") == "CellTimeoutError" for o in outputs)
-        for output in outputs:
-            if output.get("output_type") != "error" or (timed_out and output.get("ename") == "KeyboardInterrupt"):
-                continue
-            if output.get("ename") not in ("NotRun", "DeadKernelError", "CellTimeoutError"):
-                gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-                where = f"cell {index}" + (f" ({gid})" if gid else "")
-                found.append(Problem("error", f"{where} raised {_error_text(output)}", gid))
-                break
-    return found
-
-
-def execute_job(job: dict) -> dict:
-    """Worker: run one sanitized notebook and score it (no gradebook access)."""
-    started = time.monotonic()
+def grade_job(job: dict) -> dict:
+    """Worker: run one sanitized notebook sealed off and judge it (no gradebook access)."""
+    from .supervisor import grade_notebook
     job_dir = Path(job["job_dir"])
-    work = job_dir / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    for rel, src in job["extra_files"]:
-        dest = work / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest)
-    nb = nbformat.reads(job["notebook"], as_version=4)
-    limits = Limits(**job["limits"])
-    config = Config(job["config"])
-    problems: list[dict] = []
     try:
-        nb, events = execute_notebook(nb, str(work), limits, pid_file=job["pid_file"], config=config,
-                                       log_file=str(job_dir / "kernel.log"))
-    except Exception as exc:  # the kernel did not start or died at once
-        return {"job_id": job["job_id"], "crash": f"the notebook could not be run: {type(exc).__name__}: {exc}"}
-    for event in events:
-        problems.append(Problem(event.kind, (f"cell {event.cell}" + (f" ({event.grade_id})" if event.grade_id else "")
-                                             + f": {event.message}"), event.grade_id))
-    resources = {"nbgrader": job["nbgrader"]}
-    for cls in (IgnorePattern, LimitOutput):
-        nb, _ = cls(config=config, log=_QUIET)(nb, resources)
-    problems.extend(_cell_errors(nb))
-    cells = score_cells(nb)
-    return {"job_id": job["job_id"], "notebook": nbformat.writes(nb), "cells": cells,
-            "problems": problems, "seconds": time.monotonic() - started}
+        result = grade_notebook(job, Path(job["course_copy"]), job_dir, uid=_WORKER.get("uid", 100_000))
+    except SandboxUnavailable as exc:
+        return {"job_id": job["job_id"], "crash": str(exc)}
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    result["job_id"] = job["job_id"]
+    return result
 
 
 # ---------------------------------------------------------------------------
@@ -278,6 +283,25 @@ def _exclusive(course: Course) -> Iterator[None]:
         except BlockingIOError:
             raise CourseError("another `workbook autograde` is running on this course") from None
         yield
+
+
+class TrustedAutoGrades(SaveAutoGrades):
+    """nbgrader's ``SaveAutoGrades`` with the test cells' scores given by the grader
+    (``resources["workbook_scores"]``: grade_id -> points), never read from outputs.
+    Manually graded answers are recorded as nbgrader records them."""
+
+    def _add_score(self, cell: NotebookNode, resources: dict) -> None:
+        scores = resources["workbook_scores"]
+        grade_id = cell.metadata["nbgrader"]["grade_id"]
+        grade = self.gradebook.find_grade(grade_id, self.notebook_id, self.assignment_id, self.student_id)
+        if cell.cell_type == "code" and not nbutils.is_solution(cell):
+            grade.auto_score = float(scores.get(grade_id, 0.0))
+        else:
+            grade.auto_score, _ = nbutils.determine_grade(cell, self.log)
+            if cell.cell_type == "code":  # an autograded answer cell has no check spec here
+                grade.auto_score = 0.0 if grade.auto_score is not None else None
+        grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
+        self.gradebook.db.commit()
 
 
 def _zero_grades(gb: Gradebook, notebook: str, assignment: str, student: str, keep: set[str]) -> None:
@@ -301,16 +325,36 @@ class _Task:
     student: str
     notebook: str
     problems: list[dict]
+    fingerprint: str = ""
     job: dict | None = None
+
+
+def _save_report(course: Course, assignment: str, student: str, notebook: str, record: dict | None,
+                 collect: list) -> dict:
+    """Update the student's report with one notebook's record (written at once, atomically)."""
+    path = course.report_path(assignment, student)
+    report = read_json(path, None) or {"student": student, "assignment": assignment, "notebooks": {}}
+    report["collect"] = collect
+    if record is not None:
+        report["notebooks"][notebook] = record
+    report["score"] = sum(n["score"] for n in report["notebooks"].values())
+    report["max_score"] = sum(n["max_score"] for n in report["notebooks"].values())
+    report["unverified"] = any(n.get("unverified") for n in report["notebooks"].values())
+    write_json_atomic(path, report)
+    return report
 
 
 def autograde(course: Course, assignment: str, options: GradingOptions | None = None,
               progress: Callable[[dict], None] | None = None) -> list[dict]:
     """Autograde every submission of ``assignment``; return one report per student.
 
-    Reports are also written to ``grading/reports/<assignment>/<student>.json``.
+    Reports are written to ``grading/reports/<assignment>/<student>.json`` as each
+    notebook is graded. Submissions already graded with the same inputs (notebook,
+    course, limits) are kept unless ``options.force``.
     """
     options = options or GradingOptions()
+    if not options.unsafe_no_sandbox:
+        check_available()  # SandboxUnavailable says why and how to fix it
     notebooks = course.gradebook_notebooks(assignment)
     students = options.students or course.submitted_students(assignment)
     if options.students:
@@ -320,18 +364,29 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
     collect_notes = read_json(course.collect_log_path(assignment), {}).get("notes", {})
     limits = options.limits
     threads = str(options.threads_per_kernel)
-    env = {"WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde", "MPLBACKEND": "Agg",
-           "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
-           "PYTHONPATH": os.pathsep.join([str(course.root)] + ([os.environ["PYTHONPATH"]]
-                                                                if os.environ.get("PYTHONPATH") else [])),
-           "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
     scratch = Path(tempfile.mkdtemp(prefix="workbook-autograde-"))
     if scratch.resolve().is_relative_to(course.root):
         raise CourseError(f"the scratch folder {scratch} is inside the course folder; set TMPDIR elsewhere")
-    config_dict = json.loads(json.dumps(course.config, default=str))
-    reports: dict[str, dict] = {}
+    scratch.chmod(0o711)
+    secret = course_secret(course)
+    fingerprint = course_fingerprint(course)
+    settings = json.dumps({"limits": limits.__dict__, "unsafe": options.unsafe_no_sandbox, "gpu": options.gpu,
+                           "course": fingerprint, "secret": hashlib.sha256(secret).hexdigest()[:8]}, sort_keys=True)
     tasks: dict[str, _Task] = {}
     checksums = {n: released_checksums(course, assignment, n) for n in notebooks}
+    from .stubs import build_course_copy
+    course_copies: dict[str, Path] = {}
+
+    def course_copy(nb: NotebookNode, notebook: str) -> Path:
+        if notebook not in course_copies:
+            items = _test_items(nb)
+            from course_lib.grading.registry import all_specs
+            known = all_specs()
+            dest = scratch / f"course-{notebook}"
+            build_course_copy(dest, [i for i in items if i in known])
+            course_copies[notebook] = dest
+        return course_copies[notebook]
 
     with _exclusive(course), course.gradebook() as gb, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nbgrader's own SQLAlchemy warnings
@@ -343,15 +398,26 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                 gb.update_or_create_submission(assignment, student, timestamp=timestamp)
             else:
                 gb.update_or_create_submission(assignment, student)
-            reports[student] = {"student": student, "assignment": assignment, "notebooks": {},
-                                "collect": collect_notes.get(student, [])}
             for notebook in notebooks:
                 task_id = f"{student}/{notebook}"
-                path = course.submission_dir(student, assignment) / f"{notebook}.ipynb"
+                folder = course.submission_dir(student, assignment)
+                path = folder / f"{notebook}.ipynb"
+                extra = [(str(p.relative_to(folder)), str(p)) for p in sorted(folder.rglob("*"))
+                         if p.is_file() and p.suffix != ".ipynb" and p.name != "timestamp.txt"
+                         and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
+                task = tasks[task_id] = _Task(assignment, student, notebook, [],
+                                              _submission_fingerprint(path, extra, settings))
+                previous = (read_json(course.report_path(assignment, student), {}) or {}).get("notebooks", {})
+                old = previous.get(notebook)
+                if (not options.force and old and old.get("fingerprint") == task.fingerprint
+                        and old.get("status") in ("graded", "failed")
+                        and course.autograded_path(student, assignment, notebook).exists() == (old["status"] == "graded")):
+                    task.job = {"skip": True}
+                    continue
                 nb, problems = read_submission(path)
+                task.problems = problems
                 problems[:0] = [note for note in collect_notes.get(student, [])
                                 if f"{notebook}.ipynb" in note["message"]]  # e.g. a renamed file
-                task = tasks[task_id] = _Task(assignment, student, notebook, problems)
                 if nb is None:
                     continue
                 resources = {"nbgrader": {"notebook": notebook, "assignment": assignment, "student": student,
@@ -364,58 +430,60 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                     problems.append(Problem("invalid_notebook", "nbgrader could not read the graded cells "
                                                                 f"({type(exc).__name__}: {str(exc)[:200]})"))
                     continue
-                job_dir = Path(tempfile.mkdtemp(prefix="job-", dir=scratch))
-                folder = course.submission_dir(student, assignment)
-                extra = [(str(p.relative_to(folder)), str(p)) for p in sorted(folder.rglob("*"))
-                         if p.is_file() and p.suffix != ".ipynb" and p.name != "timestamp.txt"
-                         and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
-                task.job = {"job_id": task_id, "job_dir": str(job_dir), "pid_file": str(job_dir / "kernel.pid"),
-                            "notebook": nbformat.writes(nb), "extra_files": extra,
-                            "limits": limits.__dict__.copy(), "config": config_dict,
-                            "nbgrader": resources["nbgrader"],
-                            "hard_timeout": limits.notebook_timeout + limits.startup_timeout + 60}
+                items = _test_items(nb)
+                job_dir = scratch / f"job-{len(tasks)}"
+                task.job = {"job_id": task_id, "job_dir": str(job_dir), "notebook": nbformat.writes(nb),
+                            "extra_files": extra, "limits": limits.__dict__.copy(),
+                            "course_copy": str(course_copy(nb, notebook)),
+                            "salts": {i: item_salt(secret, assignment, notebook, student, i) for i in items},
+                            "device": "cuda" if options.gpu else "cpu", "gpu": options.gpu,
+                            "threads": options.threads_per_kernel,
+                            "unsafe_no_sandbox": options.unsafe_no_sandbox,
+                            "hard_timeout": limits.notebook_timeout + 180}
+
+        reports: dict[str, dict] = {}
 
         def finish(task: _Task, result: dict | None) -> None:
-            record = _write_result(course, gb, task, result)
-            reports[task.student]["notebooks"][task.notebook] = record
+            record = _write_result(course, gb, task, result, options)
+            reports[task.student] = _save_report(course, task.assignment, task.student, task.notebook, record,
+                                                 collect_notes.get(task.student, []))
             if progress:
                 progress(record)
-            if task.job:
-                shutil.rmtree(task.job["job_dir"], ignore_errors=True)
 
-        # 2. failures known without running anything
+        # 2. failures known without running anything; submissions already graded
         for task in tasks.values():
             if task.job is None:
                 finish(task, None)
+            elif task.job.get("skip"):
+                reports[task.student] = _save_report(course, task.assignment, task.student, task.notebook, None,
+                                                     collect_notes.get(task.student, []))
+                if progress:
+                    progress({"notebook": task.notebook, "status": "kept"})
         # 3. run the rest in parallel; write each result as it arrives
-        jobs = [t.job for t in tasks.values() if t.job is not None]
+        jobs = [t.job for t in tasks.values() if t.job is not None and not t.job.get("skip")]
         try:
             if jobs:
                 n = min(options.worker_count(), len(jobs))
-                with WorkerPool(n, execute_job, functools.partial(_init_worker, env)) as pool:
+                from .sandbox import SANDBOX_UID_BASE
+                uid_base = SANDBOX_UID_BASE + (os.getpid() % 20_000) * 64
+                with WorkerPool(n, grade_job, functools.partial(_init_worker, env, uid_base)) as pool:
                     pool.run(jobs, lambda job, result: finish(tasks[job["job_id"]], result))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-
-        # 4. per-student reports
-        out = []
-        for student in students:
-            report = reports[student]
-            report["score"] = sum(n["score"] for n in report["notebooks"].values())
-            report["max_score"] = sum(n["max_score"] for n in report["notebooks"].values())
-            write_json_atomic(course.report_path(assignment, student), report)
-            out.append(report)
-    return out
+    return [reports.get(s) or _save_report(course, assignment, s, "", None, collect_notes.get(s, []))
+            for s in students]
 
 
-def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | None) -> dict:
+def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | None,
+                  options: GradingOptions) -> dict:
     """Record one notebook's result in the gradebook, the autograded folder and a report."""
     a, s, n = task.assignment, task.student, task.notebook
     target = course.autograded_path(s, a, n)
     if target.exists():
         target.unlink()  # never leave an earlier run's notebook behind a failure
     problems = list(task.problems)
-    record: dict[str, Any] = {"notebook": n, "status": "graded", "cells": [], "seconds": None}
+    record: dict[str, Any] = {"notebook": n, "status": "graded", "cells": [], "seconds": None,
+                              "fingerprint": task.fingerprint, "unverified": options.unsafe_no_sandbox}
     if result is None or "crash" in result:
         if result is not None:
             problems.append(Problem("worker_crash" if not result.get("hard_timeout") else "notebook_timeout",
@@ -424,10 +492,11 @@ def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | Non
         record["status"] = "failed"
     else:
         nb = nbformat.reads(result["notebook"], as_version=4)
-        present = {c["grade_id"] for c in result["cells"]}
-        _zero_grades(gb, n, a, s, keep=present)
-        resources = {"nbgrader": {"notebook": n, "assignment": a, "student": s, "db_url": course.db_url}}
-        SaveAutoGrades(config=course.config, log=_QUIET).preprocess(nb, resources)
+        scores = {c["grade_id"]: c["score"] for c in result["cells"]}
+        resources = {"nbgrader": {"notebook": n, "assignment": a, "student": s, "db_url": course.db_url},
+                     "workbook_scores": scores}
+        _zero_grades(gb, n, a, s, keep=set())
+        TrustedAutoGrades(config=course.config, log=_QUIET).preprocess(nb, resources)
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, str(target))
         folder = course.submission_dir(s, a)
@@ -438,8 +507,15 @@ def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | Non
             if cell["error"] and not any(p.get("cell") == cell["grade_id"] and p["kind"] != "error"
                                          for p in problems):
                 problems.append(Problem("test_failed", f"{cell['grade_id']}: {cell['error']}", cell["grade_id"]))
+        for item, data in result.get("items", {}).items():
+            if data.get("reference_used"):
+                problems.append(Problem("reference_used", f"{item}: {data['reference_used']}", f"test_{item}"))
         record["cells"] = result["cells"]
+        record["items"] = result.get("items", {})
         record["seconds"] = round(result["seconds"], 2)
+    if options.unsafe_no_sandbox:
+        problems.append(Problem("unverified", "graded with --unsafe-no-sandbox: the submission's code ran "
+                                              "unsealed, so this grade is not verified"))
     score, max_score = _notebook_totals(gb, n, a, s)
     record.update(score=score, max_score=max_score, problems=problems)
     return record

@@ -3,7 +3,7 @@
     workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
                                               (--check: only check notebooks/ is in sync)
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
-    workbook autograde [ASSIGNMENT ...]       grade in parallel, safely, under limits
+    workbook autograde [ASSIGNMENT ...]       grade in parallel, each submission sealed off
     workbook feedback [ASSIGNMENT ...]        per-student HTML (no hidden test code)
     workbook export [-o FILE]                 grades CSV: every notebook and the total
     workbook status [ASSIGNMENT ...]          students × notebooks, with the problems
@@ -63,7 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-mb", type=_memory, default=4096,
                    help="address-space limit of a kernel in MB (default 4096; 0: none, e.g. for CUDA)")
     p.add_argument("--max-output-kb", type=_positive, default=256, help="output kept per cell (default 256)")
-    p.add_argument("--threads", type=_positive, default=1, help="CPU threads per kernel (default 1)")
+    p.add_argument("--threads", type=_positive, default=1, help="CPU threads per notebook (default 1)")
+    p.add_argument("--force", action="store_true",
+                   help="grade again submissions already graded with the same notebook, course and limits")
+    p.add_argument("--gpu", action="store_true", help="let submissions use the NVIDIA GPUs (checks run on CUDA)")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="grade without the bubblewrap sandbox (every grade is marked unverified)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser("feedback", help="write per-student feedback HTML")
@@ -132,8 +137,8 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
 
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
-    from .autograde import GradingOptions, autograde
-    from .execute import Limits
+    from .autograde import GradingOptions, Limits, autograde
+    from .sandbox import SandboxUnavailable
     assignments = args.assignments or course.submitted_assignments()
     if not assignments:
         raise CourseError(f"no submissions in {course.submitted_dir}: run `workbook collect` first")
@@ -141,7 +146,17 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
     limits = Limits(cell_timeout=cell_timeout, notebook_timeout=args.notebook_timeout,
                     memory_mb=args.memory_mb, max_output_kb=args.max_output_kb)
     options = GradingOptions(workers=args.workers, limits=limits, threads_per_kernel=args.threads,
-                             students=args.student)
+                             students=args.student, unsafe_no_sandbox=args.unsafe_no_sandbox, gpu=args.gpu,
+                             force=args.force)
+    if args.unsafe_no_sandbox:
+        print("warning: grading WITHOUT the sandbox: submissions' code runs with your privileges; every grade "
+              "written is marked unverified.", file=sys.stderr)
+    else:
+        try:
+            from .sandbox import check_available
+            check_available()
+        except SandboxUnavailable as exc:
+            raise CourseError(f"cannot grade safely: {exc}") from None
     for assignment in assignments:
         bar = None
         if not args.quiet:

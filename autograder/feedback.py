@@ -48,10 +48,15 @@ class HideTestTracebacks(NbGraderPreprocessor):
 
 
 def problems_html(record: dict) -> str:
-    """An HTML box listing a notebook's score and the problems found while grading."""
-    items = "".join(f"<li>{html.escape(p['message'])}</li>" for p in record.get("problems", []))
+    """An HTML box listing a notebook's score and the problems found while grading
+    (flags meant for the instructor are left out)."""
+    shown = [p for p in record.get("problems", []) if p.get("kind") != "copied_reference"]
+    items = "".join(f"<li>{html.escape(p['message'])}</li>" for p in shown)
     score = f"{record.get('score', 0):g} / {record.get('max_score', 0):g}"
     body = f"<ul>{items}</ul>" if items else "<p>No problems were found while grading.</p>"
+    if record.get("unverified"):
+        body = ("<p><strong>Unverified grade:</strong> this notebook was graded without the grading sandbox; "
+                "the score may change when it is graded again.</p>") + body
     return ('<div class="workbook-grading-notes" style="border:2px solid #c60;padding:1em;margin:1em">'
             f"<h3>Autograding: {html.escape(record['notebook'])} — {score} points</h3>{body}</div>")
 

@@ -2,9 +2,13 @@
 
 Each worker is a separate process that takes one job at a time through its own
 pipe, so a job that hangs or crashes its worker is detected and reported as that
-job's failure; the worker (and the kernel it had started) is killed and replaced,
-and the other jobs go on. Results come back to the parent, which alone writes the
-gradebook.
+job's failure; the worker (and the sandbox it had started, which dies with it) is
+killed and replaced, and the other jobs go on. Results come back to the parent,
+which alone writes the gradebook. A worker dies with the parent: killing the parent
+leaves no grading process behind.
+
+Each worker has a *slot* number (0 .. n-1, kept by its replacement), which the
+grader uses to give each concurrent sandbox its own user id.
 """
 
 from __future__ import annotations
@@ -23,9 +27,21 @@ __all__ = ["WorkerPool"]
 _CONTEXT = mp.get_context("spawn")
 
 
-def _worker_loop(conn: Connection, handler: Callable[[dict], dict], init: Callable[[], None] | None) -> None:
+def _die_with_parent() -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_loop(conn: Connection, handler: Callable[[dict], dict], init: Callable[[int], None] | None,
+                 slot: int) -> None:
+    _die_with_parent()
     if init is not None:
-        init()
+        init(slot)
     while True:
         try:
             job = conn.recv()
@@ -50,9 +66,10 @@ def kill_process_group_from(pid_file: Path) -> None:
 
 
 class _Worker:
-    def __init__(self, handler: Callable[[dict], dict], init: Callable[[], None] | None) -> None:
+    def __init__(self, handler: Callable[[dict], dict], init: Callable[[int], None] | None, slot: int) -> None:
+        self.slot = slot
         self.conn, child = _CONTEXT.Pipe()
-        self.process = _CONTEXT.Process(target=_worker_loop, args=(child, handler, init), daemon=True)
+        self.process = _CONTEXT.Process(target=_worker_loop, args=(child, handler, init, slot), daemon=True)
         self.process.start()
         child.close()
         self.job: dict | None = None
@@ -66,13 +83,14 @@ class _Worker:
 
 
 class WorkerPool:
-    """``n`` worker processes running ``handler(job) -> result`` (both plain dicts).
+    """``n`` worker processes running ``handler(job) -> result`` (both plain dicts);
+    ``init(slot)`` runs once in each worker.
 
     A job dict must hold ``job_id``, ``hard_timeout`` (seconds) and may hold
     ``pid_file`` (a file naming a process group to kill with a stuck worker).
     """
 
-    def __init__(self, n: int, handler: Callable[[dict], dict], init: Callable[[], None] | None = None) -> None:
+    def __init__(self, n: int, handler: Callable[[dict], dict], init: Callable[[int], None] | None = None) -> None:
         if n < 1:
             raise ValueError(f"the pool needs at least one worker, got {n}")
         self.n = n
@@ -81,7 +99,7 @@ class WorkerPool:
         self.workers: list[_Worker] = []
 
     def __enter__(self) -> "WorkerPool":
-        self.workers = [_Worker(self.handler, self.init) for _ in range(self.n)]
+        self.workers = [_Worker(self.handler, self.init, slot) for slot in range(self.n)]
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -101,7 +119,7 @@ class WorkerPool:
         w.kill()
         if w.job and w.job.get("pid_file"):
             kill_process_group_from(Path(w.job["pid_file"]))
-        self.workers[self.workers.index(w)] = _Worker(self.handler, self.init)
+        self.workers[self.workers.index(w)] = _Worker(self.handler, self.init, w.slot)
 
     def run(self, jobs: Iterable[dict], on_result: Callable[[dict, dict], None]) -> None:
         """Run every job; call ``on_result(job, result)`` in this process as each ends.

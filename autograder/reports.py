@@ -10,25 +10,34 @@ from nbgrader.api import MissingEntry
 
 from .course import Course, read_json
 
-__all__ = ["grade_rows", "export_csv", "status_table"]
+__all__ = ["grade_rows", "export_csv", "status_table", "FLAG_KINDS"]
+
+# problems that are for the instructor to look at, not reasons a notebook lost points
+FLAG_KINDS = ("copied_reference", "reference_used")
 
 
 def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[list[str], list[dict]]:
     """(columns, rows): per student, the score of every notebook, and the total.
 
     Columns are ``student``, one ``<assignment>/<notebook>`` per notebook, ``total``,
-    ``max_total`` and ``problems`` (the number of problems found while grading).
+    ``max_total``, ``problems`` (the number of problems found while grading),
+    ``unverified`` (notebooks graded with ``--unsafe-no-sandbox``, whose grades are not
+    verified) and ``flags`` (items whose solution uses or closely matches course_lib's
+    reference, for the instructor to look at).
     """
     with course.gradebook() as gb:
         assignments = assignments or sorted(a.name for a in gb.assignments)
         notebooks = [(a, nb.name, nb.max_score) for a in assignments
                      for nb in gb.find_assignment(a).notebooks]
-        columns = ["student"] + [f"{a}/{n}" for a, n, _ in notebooks] + ["total", "max_total", "problems"]
+        columns = ["student"] + [f"{a}/{n}" for a, n, _ in notebooks] + ["total", "max_total", "problems",
+                                                                           "unverified", "flags"]
         rows = []
         for student in sorted(s.id for s in gb.students):
             row: dict = {"student": student}
             total = 0.0
             problems = 0
+            unverified: list[str] = []
+            flags: list[str] = []
             for a, n, max_score in notebooks:
                 try:
                     score = float(gb.find_submission_notebook(n, a, student).score)
@@ -37,10 +46,17 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
                 row[f"{a}/{n}"] = score
                 total += score
                 report = read_json(course.report_path(a, student), {}) or {}
-                problems += len(report.get("notebooks", {}).get(n, {}).get("problems", []))
+                record = report.get("notebooks", {}).get(n, {})
+                problems += len(record.get("problems", []))
+                if record.get("unverified"):
+                    unverified.append(n)
+                flags += [f"{n}: {p['kind']} {p['cell'].removeprefix('test_')}" for p in record.get("problems", [])
+                          if p["kind"] in FLAG_KINDS]
             row["total"] = total
             row["max_total"] = float(sum(m for _, _, m in notebooks))
             row["problems"] = problems
+            row["unverified"] = "; ".join(unverified)
+            row["flags"] = "; ".join(flags)
             rows.append(row)
     return columns, rows
 
@@ -90,6 +106,10 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
                         cell += " FAILED"
                     elif problems:
                         cell += f" !{len(problems)}"
+                    if record.get("unverified"):
+                        cell += " UNVERIFIED"
+                    if any(p["kind"] in FLAG_KINDS for p in problems):
+                        cell += " FLAG"
                     for p in problems:
                         notes.append(f"{student} {n}: [{p['kind']}] {p['message']}")
                 total += score
@@ -101,5 +121,6 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     if notes:
-        lines += ["", "Problems (FAILED: nothing could be graded; !N: N problems):"] + ["  " + n for n in notes]
+        lines += ["", "Problems (FAILED: nothing could be graded; !N: N problems; UNVERIFIED: graded without the "
+                  "sandbox; FLAG: uses or closely matches course_lib's reference):"] + ["  " + n for n in notes]
     return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""Grading throughput: ``workbook autograde`` with N workers against nbgrader's own
-sequential ``nbgrader autograde``, on the same submissions, in the same run.
+"""Grading throughput: the sealed-off ``workbook autograde`` with 1 and N workers against
+nbgrader's own sequential ``nbgrader autograde``, on the same submissions, in the same run.
 
     PYTHONPATH=. .venv/bin/python benchmarks/grading_throughput.py [--submissions 8] [--workers 2]
 
@@ -9,12 +9,15 @@ hostile kinds), then measures, one after the other:
 
 1. ``bare``: each notebook executed by plain nbclient, no grading at all (the floor);
 2. ``nbgrader``: ``nbgrader autograde`` (sequential, its own command line);
-3. ``workbook -j 1`` and ``workbook -j N``: this project's autograder.
+3. ``workbook -j 1 --unsafe-no-sandbox``: this project's grader without the sandbox;
+4. ``workbook -j 1`` and ``workbook -j N``: this project's grader, each submission sealed
+   off in bubblewrap and judged in the grader's process.
 
 and prints the wall times, the throughput, the speed-up of ``-j N`` over nbgrader
 and over ``-j 1``, the per-submission overhead beyond executing the notebook
-(``(wall - bare) / submissions``), and checks that all three graders give the same
-scores. The machine should be otherwise idle; every kernel gets
+(``(wall - bare) / submissions``: the sandbox, the plans and the trusted judgement
+together), the cost of the sandbox alone (``-j 1`` against ``--unsafe-no-sandbox``), and
+checks that all graders give the same scores. The machine should be otherwise idle; every kernel gets
 ``WORKBOOK_GRADING=1`` (short training) and one CPU thread (``OMP_NUM_THREADS=1``,
 as ``workbook`` gives its kernels), so that the graders, not thread settings, are
 compared.
@@ -107,15 +110,18 @@ def run(n_submissions: int, workers: int, base: Path) -> dict:
     timings["nbgrader"] = time.perf_counter() - start
 
     results = {"nbgrader": _scores(nb_course)}
-    for j in (1, workers):
-        course = _course(base, f"workbook-j{j}", submissions)
+    for j, flags in ((1, ["--unsafe-no-sandbox"]), (1, []), (workers, [])):
+        name = f"workbook -j {j}" + (" --unsafe-no-sandbox" if flags else "")
+        course = _course(base, name.replace(" ", "_"), submissions)
         start = time.perf_counter()
         # the real command, as an instructor runs it (its worker processes then start from the
         # workbook entry point, not from this script)
         subprocess.run([str(Path(sys.executable).parent / "workbook"), "--course", str(course.root), "autograde",
-                        NOTEBOOK, "-j", str(j), "--quiet"], env=_env(), check=True, capture_output=True)
-        timings[f"workbook -j {j}"] = time.perf_counter() - start
-        results[f"workbook -j {j}"] = _scores(course)
+                        NOTEBOOK, "-j", str(j), "--quiet", *flags], env=_env(), check=True, capture_output=True)
+        timings[name] = time.perf_counter() - start
+        results[name] = _scores(course)
+        if flags:
+            continue
         if j == 1:  # the workers' own execution time (kernel start to last cell), per notebook
             reports = [json.loads(p.read_text()) for p in (course.reports_dir / NOTEBOOK).glob("student*.json")]
             executing = sum(r["notebooks"][NOTEBOOK]["seconds"] for r in reports)
@@ -126,6 +132,7 @@ def run(n_submissions: int, workers: int, base: Path) -> dict:
         "throughput_per_minute": {k: 60 * n / v for k, v in timings.items() if k != "bare"},
         "overhead_per_submission_s": {k: (v - timings["bare"]) / n for k, v in timings.items()
                                       if k in ("nbgrader", "workbook -j 1")},
+        "sandbox_per_submission_s": (timings["workbook -j 1"] - timings["workbook -j 1 --unsafe-no-sandbox"]) / n,
         "workbook_overhead_beyond_own_execution_s": (timings["workbook -j 1"] - executing) / n,
         "speedup_vs_nbgrader": timings["nbgrader"] / timings[f"workbook -j {workers}"],
         "speedup_vs_one_worker": timings["workbook -j 1"] / timings[f"workbook -j {workers}"],
@@ -150,9 +157,11 @@ def main() -> int:
     for name, seconds in t.items():
         rate = report["throughput_per_minute"].get(name)
         extra = f"  {rate:5.1f} submissions/min" if rate else "  (plain execution, no grading)"
-        print(f"  {name:<14} {seconds:7.1f} s{extra}")
+        print(f"  {name:<34} {seconds:7.1f} s{extra}")
     for name, over in report["overhead_per_submission_s"].items():
         print(f"  overhead beyond executing the notebook, {name}: {over:+.2f} s per submission")
+    print(f"  the sandbox alone (-j 1 against --unsafe-no-sandbox): {report['sandbox_per_submission_s']:+.2f} s "
+          "per submission")
     print(f"  workbook -j 1 beyond its workers' execution time, same run: "
           f"{report['workbook_overhead_beyond_own_execution_s']:+.2f} s per submission")
     print(f"  speed-up of -j {report['workers']}: {report['speedup_vs_nbgrader']:.2f}x over nbgrader, "

@@ -26,6 +26,17 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
 
 
+@pytest.fixture(scope="session")
+def graded_class():
+    """Every registered submission of every notebook (tests/nbtools.py ``register``),
+    graded in one ``workbook autograde -j 2`` run, with feedback."""
+    from nbtools import GradedClass
+
+    graded = GradedClass()
+    yield graded
+    graded.close()
+
+
 @pytest.fixture
 def cuda():
     """A CUDA device, or skip the test cleanly."""

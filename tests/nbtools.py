@@ -155,8 +155,11 @@ class Course:
         notebook = notebook or assignment
         return nbformat.read(str(self.root / "notebooks" / assignment / f"{notebook}.ipynb"), as_version=4)
 
-    def submit(self, student: str, assignment: str, nb, notebook: str | None = None, raw: str | None = None) -> None:
-        """Add a submission; ``raw`` writes the file's text as is (e.g. broken JSON)."""
+    def submit(self, student: str, assignment: str, nb, notebook: str | None = None, raw: str | None = None,
+               register: bool = True) -> None:
+        """Add a submission; ``raw`` writes the file's text as is (e.g. broken JSON).
+        ``register=False`` leaves the student out of the gradebook (``workbook autograde``
+        adds the students it grades)."""
         notebook = notebook or assignment
         folder = self.root / "grading" / "submitted" / student / assignment
         folder.mkdir(parents=True, exist_ok=True)
@@ -166,7 +169,16 @@ class Course:
         else:
             nbformat.write(nb, str(path))
         (folder / "timestamp.txt").write_text("2026-11-21 09:00:00.000000 UTC")
-        self.nbgrader("db", "student", "add", student)
+        if register:
+            self.nbgrader("db", "student", "add", student)
+
+    def workbook(self, *args: str, timeout: int = 3000) -> subprocess.CompletedProcess:
+        """Run the instructor's ``workbook`` command on this course."""
+        cmd = [sys.executable, "-m", "autograder.cli", "--course", str(self.root), *args]
+        proc = subprocess.run(cmd, env=kernel_env(grading=False), capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
 
     def autograde(self, assignment: str) -> subprocess.CompletedProcess:
         return self.nbgrader("autograde", assignment, "--force")
@@ -251,33 +263,74 @@ def exec_solution_cells(assignment: str) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# A graded class: the shared shape of the end-to-end nbgrader tests
+# The graded class: every notebook's submissions graded in one `workbook autograde` run
 # ---------------------------------------------------------------------------
 
-def grade_class(assignment: str, submissions: dict[str, tuple]) -> tuple[Course, dict[str, dict[str, float]]]:
-    """Release ``assignment`` in a fresh course, submit, autograde and write feedback.
+# assignment -> {student: notebook}; filled when the test modules are imported
+CLASS: dict[str, dict[str, nbformat.NotebookNode]] = {}
 
-    ``submissions[student][0]`` holds the cells that differ from the correct answers
-    (``{grade_id: source}``), or ``None`` for the released notebook left as it is
-    (the stubs). Returns the course (the caller closes it) and the gradebook's scores.
-    """
-    course = Course([assignment])
-    try:
-        correct = solution_sources(assignment)
-        course.generate(assignment)
-        released = course.released(assignment)
-        for student, (cells, *_rest) in submissions.items():
-            nb = released
-            if cells is not None:
-                for gid, source in {**correct, **cells}.items():
-                    nb = replace_solution(nb, gid, source)
-            course.submit(student, assignment, nb)
-        course.autograde(assignment)
-        course.generate_feedback(assignment)
-        return course, course.scores(assignment)
-    except BaseException:
-        course.close()
-        raise
+
+def filled(assignment: str, cells: dict[str, str] | None) -> nbformat.NotebookNode:
+    """The released notebook with the correct answers, except ``cells`` (``{grade_id:
+    source}``); ``cells=None`` leaves the stubs as released."""
+    nb = nbformat.read(str(ROOT / "notebooks" / assignment / f"{assignment}.ipynb"), as_version=4)
+    if cells is None:
+        return nb
+    for gid, source in {**solution_sources(assignment), **cells}.items():
+        nb = replace_solution(nb, gid, source)
+    return nb
+
+
+def register(assignment: str, students: dict[str, nbformat.NotebookNode]) -> None:
+    """Add submissions to the class graded once per test session (see ``graded_class``)."""
+    for student, nb in students.items():
+        if student in CLASS.setdefault(assignment, {}):
+            raise ValueError(f"{assignment}: student {student!r} registered twice")
+        CLASS[assignment][student] = nb
+
+
+class GradedClass:
+    """The shared graded course: every registered submission, graded by ``workbook
+    autograde -j 2`` in one run, with feedback written."""
+
+    def __init__(self) -> None:
+        self.course = Course(sorted(CLASS))
+        self.log = ""
+        try:
+            for assignment in sorted(CLASS):
+                self.course.workbook("release", assignment)
+                for student, nb in CLASS[assignment].items():
+                    self.course.submit(student, assignment, nb, register=False)
+            self.before = snapshot([self.course.root / "solutions", self.course.root / "nbgrader_config.py",
+                                    self.course.root / "notebooks", ROOT / "course_lib", ROOT / "autograder"])
+            start = time.perf_counter()
+            proc = self.course.workbook("autograde", *sorted(CLASS), "-j", "2", "--cell-timeout", "60",
+                                        "--notebook-timeout", "400", "--memory-mb", "3072", "--quiet")
+            self.seconds = time.perf_counter() - start
+            self.log = proc.stdout + proc.stderr
+            self.course.workbook("feedback", *sorted(CLASS))
+            self._scores = {a: self.course.scores(a) for a in CLASS}
+        except BaseException:
+            self.course.close()
+            raise
+
+    def scores(self, assignment: str) -> dict[str, dict[str, float]]:
+        return self._scores[assignment]
+
+    def close(self) -> None:
+        self.course.close()
+
+
+def snapshot(paths: list[Path]) -> dict[str, str]:
+    """A hash of every file under ``paths`` (to show nothing changed them)."""
+    import hashlib
+    out = {}
+    for root in paths:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()
+                                                      and "__pycache__" not in p.parts)
+        for p in files:
+            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
 
 
 def assert_scores(scores: dict, student: str, items: tuple[str, ...], expected: tuple) -> None:
@@ -308,21 +361,22 @@ def assert_reports_not_tracebacks(course: Course, assignment: str, student: str,
 
 
 def nbgrader_suite(assignment: str, submissions: dict[str, tuple], items: tuple[str, ...]):
-    """The end-to-end grading tests every notebook gets: ``submissions`` (see
-    :func:`grade_class`; ``[1]`` the expected points per item of ``items``, ``[2]`` a
-    fragment the feedback must show, or None) graded once by the real nbgrader.
+    """The end-to-end grading tests every notebook gets. ``submissions[student]`` is
+    ``(cells, points, fragments)``: the cells that differ from the correct answers
+    (``{grade_id: source}``, or ``None`` for the released stubs), the expected points per
+    item of ``items``, and a fragment (or tuple) the feedback must show, or None.
 
-    Returns ``(graded, test_exact_scores, test_feedback_names_the_mistake)``: assign them
-    to names of the test module, where pytest collects them (``graded`` is the
-    module-scoped fixture ``(course, scores)`` for further tests).
+    The submissions join the session's graded class (one ``workbook autograde`` run for
+    every notebook). Returns ``(graded, test_exact_scores, test_feedback_names_the_mistake)``:
+    assign them to names of the test module (``graded`` is the fixture ``(course, scores)``).
     """
     import pytest
 
+    register(assignment, {student: filled(assignment, cells) for student, (cells, *_rest) in submissions.items()})
+
     @pytest.fixture(scope="module")
-    def graded():
-        course, scores = grade_class(assignment, submissions)
-        yield course, scores
-        course.close()
+    def graded(graded_class):
+        return graded_class.course, graded_class.scores(assignment)
 
     @pytest.mark.parametrize("student", list(submissions))
     def test_exact_scores(graded, student):

@@ -1,11 +1,11 @@
-"""End-to-end grading of notebooks 01 and 02 with the real nbgrader command line:
-the released notebooks are filled in by several students (right, buggy, calling the
-reference), autograded, and the gradebook must hold the exact expected scores, with the
-catalogued hints in the graded notebooks."""
+"""End-to-end grading of notebooks 01 and 02: the released notebooks are filled in by
+several students (right, buggy, calling the reference, building on course_lib's
+references of earlier items as the notebook suggests), graded with the session's
+`workbook autograde` run, and the gradebook must hold the exact expected scores, with
+the catalogued hints in the graded notebooks and the feedback."""
 
 from __future__ import annotations
 
-import copy
 import html
 
 import pytest
@@ -13,7 +13,7 @@ import pytest
 from course_lib.grading import get_spec
 from course_lib.grading.items import bahdanau as bahdanau_items
 from course_lib.grading.items import rnn as rnn_items
-from nbtools import Course, cell, solution_sources, stderr, text
+from nbtools import cell, filled, register, solution_sources, stderr, text
 
 pytestmark = pytest.mark.slow
 
@@ -110,37 +110,24 @@ EXPECTED_02 = {
 }
 
 
-@pytest.fixture(scope="module")
-def course():
-    c = Course([NB01, NB02])
-    (c.root / "grading").mkdir(exist_ok=True)  # where nbgrader_config.py puts the gradebook
-    yield c
-    c.close()
-
-
-def _submit_all(course, assignment, buggy):
-    released = course.released(assignment)
-    right = solution_sources(assignment)
+def _register(assignment, buggy):
     students = {"alice": {}, **buggy}
-    for student, wrong in students.items():
-        nb = copy.deepcopy(released)
-        for gid, source in right.items():
-            cell(nb, gid).source = wrong.get(gid, source).strip("\n") + "\n"
-        course.submit(student, assignment, nb)
-    course.submit("zoe", assignment, course.released(assignment))  # handed in untouched
-    course.autograde(assignment)
+    register(assignment, {**{student: filled(assignment, {gid: source.strip("\n") + "\n" for gid, source in wrong.items()})
+                             for student, wrong in students.items()},
+                          "zoe": filled(assignment, None)})  # handed in untouched
     return students
 
 
-@pytest.mark.parametrize("assignment,buggy,expected", [(NB01, BUGGY_01, EXPECTED_01), (NB02, BUGGY_02, EXPECTED_02)],
-                         ids=[NB01, NB02])
-def test_autograding_gives_exact_scores_and_hints(course, assignment, buggy, expected):
-    course.generate(assignment)
-    students = _submit_all(course, assignment, buggy)
-    scores = course.scores(assignment)
+STUDENTS = {NB01: _register(NB01, BUGGY_01), NB02: _register(NB02, BUGGY_02)}
+
+
+@pytest.mark.parametrize("assignment,expected", [(NB01, EXPECTED_01), (NB02, EXPECTED_02)], ids=[NB01, NB02])
+def test_autograding_gives_exact_scores_and_hints(graded_class, assignment, expected):
+    course = graded_class.course
+    scores = graded_class.scores(assignment)
     items = list(solution_sources(assignment))
     full = {item: get_spec(item).points for item in items}
-    for student in students:
+    for student in STUDENTS[assignment]:
         for item in items:
             points, hint = expected.get((student, item), (full[item], None))
             assert scores[student][f"test_{item}"] == pytest.approx(points), (student, item, scores[student])
@@ -153,6 +140,5 @@ def test_autograding_gives_exact_scores_and_hints(course, assignment, buggy, exp
     assert scores["zoe"]["code"] == 0
     untouched = text(cell(course.autograded("zoe", assignment), f"test_{items[0]}"))
     assert "NotImplementedError" in untouched and "stub" in untouched
-    course.generate_feedback(assignment)
     for (student, item), (_, hint) in expected.items():
         assert hint in html.unescape(course.feedback_html(student, assignment)), (student, item)

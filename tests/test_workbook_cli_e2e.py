@@ -59,7 +59,10 @@ def graded(tmp_path_factory):
     assert main(["--course", str(root), "autograde", assignment, "-j", "2", *LIMITS]) == 0
     state["parallel"] = _grades(course, assignment, notebook, students)
     state["parallel_reports"] = {s.id: read_json(course.report_path(assignment, s.id)) for s in students}
-    assert main(["--course", str(root), "autograde", assignment, "-j", "1", *LIMITS]) == 0
+    state["kept_reports"] = {s.id: read_json(course.report_path(assignment, s.id)) for s in students}
+    assert main(["--course", str(root), "autograde", assignment, "-j", "2", *LIMITS]) == 0  # nothing to do
+    state["kept"] = _grades(course, assignment, notebook, students)
+    assert main(["--course", str(root), "autograde", assignment, "-j", "1", "--force", *LIMITS]) == 0
     state["sequential"] = _grades(course, assignment, notebook, students)
     return state
 
@@ -89,6 +92,9 @@ def test_scores_are_the_expected_ones(graded):
 
 def test_parallel_grades_equal_sequential_grades_and_reruns(graded):
     assert graded["parallel"] == graded["sequential"]
+    # a second run without --force keeps every grade and report: nothing was missing
+    assert graded["kept"] == graded["parallel"]
+    assert graded["kept_reports"] == graded["parallel_reports"]
     # the second run's reports give the same scores and the same problems
     course, a = graded["course"], graded["assignment"]
     for s in graded["students"]:

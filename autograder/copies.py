@@ -1,0 +1,117 @@
+"""Flag solutions copied from course_lib's references (run in the grader's process).
+
+A student can paste a reference's code into a solution cell, or hide a private copy
+of it under another name. Neither calls the reference, so the sandbox cannot catch
+it; a comparison of the code can. Each function and class the student wrote is
+*normalised* (docstrings and comments dropped, every local name replaced by a
+placeholder in order of first use, attribute names and literals kept) and compared
+with the normalised references of the notebook's items. A close match is reported
+for the instructor to look at; it does not change the points.
+
+Short references (a line or two) are left out: a correct solution of a one-line
+item looks like the reference whatever its author did.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import textwrap
+from functools import lru_cache
+from typing import Iterable
+
+__all__ = ["normalise", "find_copies", "MIN_NODES", "THRESHOLD"]
+
+MIN_NODES = 150  # references smaller than this are not compared (a correct solution is forced to look alike)
+THRESHOLD = 0.93  # similarity (0..1) of normalised token streams reported as a copy
+
+
+class _Normaliser(ast.NodeTransformer):
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def _name(self, name: str) -> str:
+        if name not in self.names:
+            self.names[name] = f"v{len(self.names)}"
+        return self.names[name]
+
+    def _strip_docstring(self, node: ast.AST) -> None:
+        body = getattr(node, "body", None)
+        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:  # noqa: N802
+        self._strip_docstring(node)
+        node.name = "f"
+        node.decorator_list = []
+        node.returns = None
+        self.generic_visit(node)
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:  # noqa: N802
+        self._strip_docstring(node)
+        node.name = "C"
+        self.generic_visit(node)
+        return node
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:  # noqa: N802
+        node.arg = self._name(node.arg)
+        node.annotation = None
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:  # noqa: N802
+        node.id = self._name(node.id)
+        return node
+
+
+def normalise(node: ast.AST) -> list[str]:
+    """The token stream of a normalised function or class definition."""
+    tree = _Normaliser().visit(ast.parse(ast.unparse(node)))
+    return ast.unparse(tree).split()
+
+
+def _size(node: ast.AST) -> int:
+    return sum(1 for _ in ast.walk(node))
+
+
+@lru_cache(maxsize=None)
+def _reference_tokens(item: str) -> tuple[tuple[str, ...], int] | None:
+    from course_lib.grading import get_spec
+    try:
+        source = textwrap.dedent(inspect.getsource(get_spec(item).reference))
+    except (OSError, TypeError, KeyError):
+        return None
+    node = ast.parse(source).body[0]
+    return tuple(normalise(node)), _size(node)
+
+
+def _definitions(source: str) -> list[ast.AST]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def find_copies(sources: Iterable[tuple[str, str]], items: Iterable[str]) -> list[dict]:
+    """``sources`` are ``(where, code)`` of the cells the student wrote; ``items`` the
+    notebook's graded items. One finding per (definition, item) that matches closely:
+    ``{"item", "name", "where", "similarity"}``."""
+    references = {item: _reference_tokens(item) for item in items}
+    found = []
+    for where, code in sources:
+        for node in _definitions(code):
+            if isinstance(node, ast.ClassDef) and node.name == "_":
+                continue
+            tokens = normalise(node)
+            for item, ref in references.items():
+                if ref is None or ref[1] < MIN_NODES:
+                    continue
+                ratio = difflib.SequenceMatcher(None, ref[0], tokens, autojunk=False).ratio()
+                if ratio >= THRESHOLD:
+                    found.append({"item": item, "name": node.name, "where": where, "similarity": round(ratio, 3)})
+    return found

@@ -1,0 +1,580 @@
+"""Grade one submitted notebook: run it sealed off, judge its answers here.
+
+:func:`grade_notebook` is what a grading worker does with one submission:
+
+1. start the runner (:mod:`autograder.inside`) in a sandbox (:mod:`autograder.sandbox`)
+   and send it the notebook without its hidden tests, the submission's other files
+   and the limits;
+2. serve it until it is done or out of time: store each cell's outputs (validated,
+   stripped to safe types, capped again here), answer each test cell's plan request
+   with the plan of that item (:func:`course_lib.grading.runner.plan_item`, inputs
+   salted with this submission's secret salt), collect the answers, and run
+   course_lib's references for the notebook's stubs (:class:`autograder.oracle.Oracle`);
+3. stop the sandbox (nothing in it survives), judge every item in this process
+   (:func:`course_lib.grading.runner.judge_item`) and assemble the autograded
+   notebook: the outputs the runner produced, and in each test cell the grader's
+   report and score.
+
+Nothing the student's process sends is read as a score. Every problem (time
+limits, a process that ended, output over the cap, a broken protocol, errors in
+cells) is returned as a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from course_lib.grading import get_spec
+from course_lib.grading.calls import Subject
+from course_lib.grading.runner import ItemResult, SubResult, format_report, judge_item, plan_item
+from course_lib.grading.wire import decode
+
+from . import sandbox
+from .channel import FrameReader, ProtocolError
+from .oracle import Oracle
+from .stubs import reference_targets
+
+__all__ = ["grade_notebook", "Problem", "RUNNER"]
+
+RUNNER = Path(__file__).with_name("inside.py")
+GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
+MAX_FILES_MB = 100
+_OUTPUT_TYPES = {"stream", "display_data", "execute_result", "error"}
+_SAFE_MIME = {"text/plain", "image/png", "image/jpeg"}
+
+
+def Problem(kind: str, message: str, cell: str = "") -> dict[str, str]:  # noqa: N802
+    """One reason recorded for a submission (``kind`` is a short keyword)."""
+    return {"kind": kind, "message": message, "cell": cell}
+
+
+def _nbgrader(cell: dict) -> dict:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return meta if isinstance(meta, dict) else {}
+
+
+def _is_test(cell: dict) -> bool:
+    meta = _nbgrader(cell)
+    return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
+def _where(index: int, cell: dict) -> str:
+    gid = _nbgrader(cell).get("grade_id", "")
+    return f"cell {index}" + (f" ({gid})" if gid else "")
+
+
+# ---------------------------------------------------------------------------
+# Outputs: only safe types, capped
+# ---------------------------------------------------------------------------
+
+def clean_output(output: Any) -> dict | None:
+    """The output as nbformat would store it, restricted to safe types (text, PNG and
+    JPEG images, errors); None if nothing is left."""
+    if not isinstance(output, dict) or output.get("output_type") not in _OUTPUT_TYPES:
+        return None
+    kind = output["output_type"]
+    if kind == "stream":
+        name, text = output.get("name"), output.get("text")
+        if name not in ("stdout", "stderr") or not isinstance(text, str):
+            return None
+        return {"output_type": "stream", "name": name, "text": text}
+    if kind == "error":
+        tb = output.get("traceback")
+        return {"output_type": "error", "ename": str(output.get("ename", "Error"))[:200],
+                "evalue": str(output.get("evalue", ""))[:4000],
+                "traceback": [str(t)[:4000] for t in tb[:200]] if isinstance(tb, list) else []}
+    data = output.get("data")
+    if not isinstance(data, dict):
+        return None
+    kept = {k: v for k, v in data.items() if k in _SAFE_MIME and isinstance(v, str)}
+    if not kept and isinstance(data.get("application/vnd.jupyter.widget-view+json"), dict):
+        kept = {"text/plain": "(an interactive widget: open the notebook in JupyterLab to use it)"}
+    if not kept:
+        return None
+    for mime in ("image/png", "image/jpeg"):
+        if mime in kept and (len(kept[mime]) > 4_000_000 or not _is_base64(kept[mime])):
+            del kept[mime]
+    if not kept:
+        return None
+    clean = {"output_type": kind, "data": kept, "metadata": {}}
+    if kind == "execute_result":
+        count = output.get("execution_count")
+        clean["execution_count"] = count if isinstance(count, int) and not isinstance(count, bool) else None
+    return clean
+
+
+def _is_base64(text: str) -> bool:
+    import re
+    return re.fullmatch(r"[A-Za-z0-9+/=\s]*", text) is not None
+
+
+def _size(output: dict) -> int:
+    if output["output_type"] == "stream":
+        return len(output["text"])
+    if output["output_type"] == "error":
+        return len(output["evalue"]) + sum(len(t) for t in output["traceback"])
+    return sum(len(v) for v in output["data"].values())
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+@dataclass
+class _Run:
+    cells: list[dict]
+    limits: sandbox.Limits
+    outputs: dict[int, list[dict]] = field(default_factory=dict)
+    counts: dict[int, int | None] = field(default_factory=dict)
+    status: dict[int, str] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+    used: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+    truncated: set[int] = field(default_factory=set)
+    current: int | None = None
+    cell_started: float = 0.0
+    ended: str = ""  # why the run stopped early (empty when it finished)
+    ended_at: int | None = None
+    plans: dict[str, Any] = field(default_factory=dict)
+    answers: dict[str, list[list[Any]]] = field(default_factory=dict)
+    answer_bytes: dict[str, int] = field(default_factory=dict)
+    open_items: set[str] = field(default_factory=set)
+    requested: set[str] = field(default_factory=set)
+    done: bool = False
+
+    def event(self, kind: str, index: int | None, message: str) -> None:
+        cell = self.cells[index] if index is not None and 0 <= index < len(self.cells) else {}
+        where = _where(index, cell) + ": " if index is not None else ""
+        self.events.append(Problem(kind, where + message, _nbgrader(cell).get("grade_id", "")))
+
+    def add_output(self, index: Any, output: Any) -> None:
+        if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self.current:
+            return
+        if _is_test(self.cells[index]):
+            return  # a test cell shows the grader's report only
+        clean = clean_output(output)
+        if clean is None or index in self.truncated:
+            return
+        size = _size(clean)
+        cell_cap = self.limits.max_output_kb * 1024
+        nb_cap = self.limits.max_notebook_output_kb * 1024
+        used = self.used.get(index, 0)
+        if used + size > cell_cap or self.total + size > nb_cap:
+            room = max(0, min(cell_cap - used, nb_cap - self.total))
+            if clean["output_type"] == "stream" and room > 0:
+                clean["text"] = clean["text"][:room]
+                self.outputs.setdefault(index, []).append(clean)
+                self.total += room
+            self.truncated.add(index)
+            self.outputs.setdefault(index, []).append(
+                {"output_type": "stream", "name": "stdout",
+                 "text": f"\n... output truncated: this cell printed more than {self.limits.max_output_kb} kB ...\n"})
+            self.event("output_truncated", index, f"the cell printed more than {self.limits.max_output_kb} kB; "
+                                                  "the rest was dropped")
+            return
+        self.used[index] = used + size
+        self.total += size
+        self.outputs.setdefault(index, []).append(clean)
+
+
+class _Supervisor:
+    def __init__(self, job: dict, course_copy: Path, job_dir: Path, uid: int) -> None:
+        self.job = job
+        self.course_copy = course_copy
+        self.job_dir = job_dir
+        self.uid = uid
+        self.nb = json.loads(job["notebook"])
+        self.limits = sandbox.Limits(**job["limits"])
+        self.device = torch.device(job.get("device", "cpu"))
+        self.salts: dict[str, int] = job.get("salts", {})
+        self.tests: dict[str, str] = {}  # grade_id -> item
+        for cell in self.nb["cells"]:
+            if _is_test(cell):
+                gid = str(_nbgrader(cell).get("grade_id", ""))
+                self.tests[gid] = gid.removeprefix("test_")
+        self.items = [i for i in self.tests.values() if _known(i)]
+        self.run = _Run(self.nb["cells"], self.limits)
+        self.oracle = Oracle(reference_targets(self.items), memory_mb=self.limits.memory_mb,
+                             timeout=min(60.0, float(self.limits.cell_timeout)))
+        self.process: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+
+    # -- starting -----------------------------------------------------------
+    def _setup_message(self) -> dict:
+        cells = []
+        for cell in self.nb["cells"]:
+            meta = _nbgrader(cell)
+            source = "".join(cell.get("source", "")) if isinstance(cell.get("source"), list) else str(cell.get("source", ""))
+            if _is_test(cell):
+                source = "# (checked by the grader)"  # hidden tests never enter the sandbox
+            cells.append({"cell_type": cell.get("cell_type"), "source": source,
+                          "metadata": {"nbgrader": {k: meta[k] for k in ("grade", "solution", "grade_id", "locked")
+                                                    if k in meta}}})
+        files = {}
+        budget = MAX_FILES_MB * 2**20
+        for rel, path in self.job.get("extra_files", []):
+            data = Path(path).read_bytes()[:budget]
+            budget -= len(data)
+            files[rel] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+            if budget <= 0:
+                break
+        return {"type": "setup", "cells": cells, "files": files, "limits": self.limits.__dict__.copy()}
+
+    def start(self) -> None:
+        parent, child = socket.socketpair()
+        self.sock = parent
+        unsafe = self.job.get("unsafe_no_sandbox", False)
+        if unsafe:
+            argv = [os.sys.executable, "-s", str(RUNNER)]
+            env = _unsafe_env(self.course_copy, child.fileno(), self.job.get("threads", 1), self.job_dir)
+            cwd = self.job_dir / "work"
+            cwd.mkdir(parents=True, exist_ok=True)
+        else:
+            argv = sandbox.command(RUNNER, self.course_copy, self.job_dir, self.limits, self.uid, child.fileno(),
+                                   gpu=self.job.get("gpu", False), threads=self.job.get("threads", 1))
+            env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.job_dir
+        log = open(self.job_dir / "sandbox.log", "wb")
+        limits = self.limits
+        self.process = subprocess.Popen(argv, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=log, env=env, cwd=cwd, start_new_session=True,
+                                        preexec_fn=lambda: sandbox.apply_limits(limits))
+        log.close()
+        child.close()
+        from .channel import Channel
+        Channel(parent).send(self._setup_message())
+
+    def stop(self) -> int | None:
+        """Stop the sandbox and everything in it; its exit status (None if killed here)."""
+        code = None
+        if self.process is not None:
+            try:
+                code = self.process.wait(timeout=2 if self.run.done else 0.1)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+                code = None
+        if self.sock is not None:
+            self.sock.close()
+        self.oracle.close()
+        return code
+
+    # -- serving --------------------------------------------------------------
+    def serve(self) -> None:
+        run = self.run
+        reader = FrameReader()
+        started = time.monotonic()
+        deadline = started + self.limits.notebook_timeout
+        while not run.done:
+            now = time.monotonic()
+            waits = [deadline - now]
+            if run.current is not None:
+                waits.append(run.cell_started + self.limits.cell_timeout + GRACE - now)
+            timeout = max(0.0, min(waits))
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if not ready:
+                now = time.monotonic()
+                if now >= deadline:
+                    run.ended = f"the notebook time limit ({self.limits.notebook_timeout} s) was reached"
+                    run.event("notebook_timeout", run.current, run.ended)
+                else:
+                    run.ended = (f"the cell ran longer than the {self.limits.cell_timeout} s limit and did not "
+                                 "stop when interrupted")
+                    run.event("cell_timeout", run.current, run.ended)
+                run.ended_at = run.current
+                return
+            try:
+                data = self.sock.recv(1 << 20)
+            except OSError:
+                data = b""
+            if not data:
+                run.ended_at = run.current
+                run.ended = "the notebook's process ended"
+                return
+            reader.feed(data)
+            try:
+                for message in reader.frames():
+                    self.handle(message)
+                    if run.done:
+                        break
+            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                run.ended_at = run.current
+                run.ended = f"the grader stopped the notebook: its process broke the grading protocol ({exc})"
+                run.event("protocol", run.current, run.ended)
+                return
+
+    def reply(self, message: dict) -> None:
+        """Send a reply; a runner that stops reading cannot block the grader."""
+        from .channel import Channel
+        self.sock.settimeout(30)
+        try:
+            Channel(self.sock).send(message)
+        except OSError as exc:
+            raise ProtocolError(f"the notebook's process does not read its replies ({exc})") from None
+        finally:
+            self.sock.settimeout(None)
+
+    def handle(self, message: dict) -> None:
+        run = self.run
+        kind = message["type"]
+        if kind == "output":
+            run.add_output(message.get("index"), message.get("output"))
+        elif kind == "cell_start":
+            index = message["index"]
+            if not isinstance(index, int) or not 0 <= index < len(run.cells):
+                raise ProtocolError("cell index out of range")
+            run.current, run.cell_started = index, time.monotonic()
+        elif kind == "cell_end":
+            index = message.get("index")
+            if index == run.current and index is not None:
+                count = message.get("execution_count")
+                run.counts[index] = count if isinstance(count, int) and not isinstance(count, bool) else None
+                status = message.get("status")
+                run.status[index] = status if isinstance(status, str) else "ok"
+                if status == "timeout":
+                    run.event("cell_timeout", index,
+                              f"the cell ran longer than the {self.limits.cell_timeout} s limit and was interrupted")
+                run.current = None
+        elif kind == "plan_request":
+            self.plan(message)
+        elif kind == "answer":
+            self.answer(message)
+        elif kind == "plan_done":
+            run.open_items.discard(message.get("item"))
+        elif kind == "oracle":
+            self.reply({"type": "oracle_result", **self.oracle.ask(message, run.open_items)})
+        elif kind == "exit":
+            run.ended_at = message.get("index") if isinstance(message.get("index"), int) else run.current
+            run.ended = "the notebook called exit()"
+            run.done = True
+        elif kind == "done":
+            run.done = True
+        elif kind == "hello":
+            pass
+        elif kind == "truncated":  # the runner dropped output before sending it
+            index = message.get("index")
+            if index == run.current and index is not None and index not in run.truncated:
+                run.truncated.add(index)
+                run.outputs.setdefault(index, []).append(
+                    {"output_type": "stream", "name": "stdout",
+                     "text": f"\n... output truncated: this cell printed more than {self.limits.max_output_kb} kB ...\n"})
+                run.event("output_truncated", index, f"the cell printed more than {self.limits.max_output_kb} kB; "
+                                                     "the rest was dropped")
+        else:
+            raise ProtocolError(f"unknown message {kind[:40]!r}")
+
+    def plan(self, message: dict) -> None:
+        run = self.run
+        gid = message.get("grade_id")
+        item = self.tests.get(gid) if isinstance(gid, str) else None
+        run.open_items.clear()  # a new request closes any plan still open
+        if item is None or item not in self.items or item in run.requested:
+            self.reply({"type": "no_plan"})
+            return
+        run.requested.add(item)
+        spec = get_spec(item)
+        try:
+            plan = plan_item(spec, hidden=True, device=self.device, salt=self.salts.get(item, 0))
+            subject = Subject.of(spec).as_data()
+        except Exception as exc:  # noqa: BLE001 - a fault of the grader's, not of the submission
+            run.events.append(Problem("grader_error", f"{item}: the grader could not plan its checks "
+                                                      f"({type(exc).__name__}: {exc})", gid))
+            self.reply({"type": "no_plan"})
+            return
+        run.plans[item] = plan
+        run.answers[item] = [[None] * len(seg) for seg in plan.segments]
+        run.answer_bytes[item] = 0
+        run.open_items.add(item)
+        segments = [[decode(data, kind="call") for data in seg] for seg in plan.segments]
+        self.reply({"type": "plan", "item": item, "subject": subject, "segments": segments})
+
+    def answer(self, message: dict) -> None:
+        run = self.run
+        item, s, i = message.get("item"), message.get("segment"), message.get("index")
+        if item not in run.open_items or not isinstance(s, int) or not isinstance(i, int):
+            return
+        table = run.answers[item]
+        if not (0 <= s < len(table) and 0 <= i < len(table[s])) or table[s][i] is not None:
+            return
+        answer = message.get("answer")
+        table[s][i] = answer if isinstance(answer, dict) else {"ok": False, "kind": "no_answer",
+                                                               "text": "the answer could not be read"}
+
+    # -- judging --------------------------------------------------------------
+    def judge(self) -> dict[str, ItemResult]:
+        results = {}
+        run = self.run
+        for gid, item in self.tests.items():
+            if item not in self.items:
+                continue
+            spec = get_spec(item)
+            if item in run.plans:
+                results[item] = judge_item(spec, run.plans[item], run.answers[item], device=self.device,
+                                           salt=self.salts.get(item, 0))
+            else:
+                results[item] = _not_run(spec, self._why_not_run(gid))
+        return results
+
+    def _why_not_run(self, gid: str) -> str:
+        run = self.run
+        if run.ended:
+            where = f" in {_where(run.ended_at, run.cells[run.ended_at])}" if run.ended_at is not None else ""
+            return f"This test cell did not run: {run.ended}{where}."
+        return "This test cell did not run."
+
+
+def _known(item: str) -> bool:
+    try:
+        get_spec(item)
+        return True
+    except KeyError:
+        return False
+
+
+def _not_run(spec: Any, reason: str) -> ItemResult:
+    subs = spec.subchecks
+    results = [SubResult(s.title, s.points, 0.0, s.hidden, reason if k == 0 else "not run") for k, s in enumerate(subs)]
+    return ItemResult(spec.name, results, graded=True, total_points=spec.points)
+
+
+def _unsafe_env(course_copy: Path, fd: int, threads: int, job_dir: Path) -> dict[str, str]:
+    home = job_dir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    runner_dir = str(RUNNER.parent)
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(job_dir),
+            "LANG": "C.UTF-8", "PYTHONPATH": f"{course_copy}:{runner_dir}", "PYTHONNOUSERSITE": "1",
+            "PYTHONDONTWRITEBYTECODE": "1", "WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde",
+            "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(job_dir / "mpl"), "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads), "WORKBOOK_CHANNEL_FD": str(fd),
+            "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _exit_words(code: int | None) -> str:
+    if code is None:
+        return ""
+    if code > 128:
+        try:
+            return f", killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            return f", killed by signal {code - 128}"
+    if code < 0:
+        try:
+            return f", killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f", killed by signal {-code}"
+    return f", exit code {code}"
+
+
+def _cell_errors(run: _Run) -> None:
+    """One ``error`` problem for each cell (not a test cell) that raised."""
+    for index, outputs in run.outputs.items():
+        if _is_test(run.cells[index]) or run.status.get(index) == "timeout":
+            continue
+        for output in outputs:
+            if output["output_type"] == "error" and output["ename"] not in ("KeyboardInterrupt",):
+                if (output["ename"] in ("NotImplementedError", "ReferenceUnavailable")
+                        or "not available while this notebook is graded" in output["evalue"]):
+                    break  # an unfinished item, or a demonstration of this notebook's references: not a new problem
+                run.event("error", index, f"raised {output['ename']}: {output['evalue'][:300]}")
+                break
+
+
+def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandbox.SANDBOX_UID_BASE) -> dict:
+    """Run and judge one submitted notebook (see the module docstring). ``job`` holds
+    ``notebook`` (JSON text, sanitized, hidden tests included), ``limits``
+    (:class:`sandbox.Limits` fields), ``salts`` (item -> salt), ``extra_files``,
+    ``device``, ``threads``, ``gpu`` and ``unsafe_no_sandbox``; ``uid`` is the sandbox's
+    user when the grader runs as root. Returns
+    ``{"notebook", "cells", "items", "problems", "seconds"}``."""
+    started = time.monotonic()
+    job_dir.mkdir(parents=True, exist_ok=True)
+    sup = _Supervisor(job, course_copy, job_dir, uid)
+    run = sup.run
+    try:
+        sup.start()
+        sup.serve()
+    except sandbox.SandboxUnavailable:
+        raise
+    finally:
+        code = sup.stop()
+    if run.ended == "the notebook's process ended":
+        run.ended += _exit_words(code)
+        run.event("kernel_died", run.ended_at,
+                  run.ended + " (os._exit, exit(), a crash such as a segmentation fault, or running out of memory)")
+    elif run.ended == "the notebook called exit()":
+        run.event("kernel_died", run.ended_at, run.ended)
+    if not run.done and not run.ended:
+        run.ended = "the notebook stopped"
+    _cell_errors(run)
+    results = sup.judge()
+    nb = sup.nb
+    cells_out = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") != "code":
+            continue
+        if _is_test(cell):
+            gid = _nbgrader(cell)["grade_id"]
+            item = sup.tests[gid]
+            result = results.get(item)
+            if result is None:
+                report = f"✗ {gid}: no check is defined for this test cell; it scores 0."
+                score, max_score = 0.0, float(_nbgrader(cell).get("points", 0) or 0)
+                run.events.append(Problem("no_check", f"{gid}: no check is defined for this test cell", gid))
+            else:
+                report, score, max_score = format_report(result), round(result.score, 4), float(result.total_points)
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": report + "\n"},
+                               {"output_type": "execute_result", "execution_count": None,
+                                "data": {"text/plain": repr(float(score))}, "metadata": {}}]
+            cell["execution_count"] = None
+            cells_out.append({"grade_id": gid, "score": score, "max_score": max_score,
+                              "error": _not_checked(result)})
+        else:
+            outputs = run.outputs.get(index, [])
+            if run.ended_at is not None and index > run.ended_at and not outputs:
+                outputs = [{"output_type": "error", "ename": "NotRun",
+                            "evalue": f"not run: {run.ended}", "traceback": [f"NotRun: not run: {run.ended}"]}]
+            cell["outputs"] = outputs
+            cell["execution_count"] = run.counts.get(index)
+    for finding in _copies(sup.nb, sup.items):
+        run.events.append(finding)
+    return {"notebook": json.dumps(nb), "cells": cells_out, "items": {k: v.as_data() for k, v in results.items()},
+            "problems": run.events, "seconds": time.monotonic() - started, "oracle_calls": sup.oracle.calls}
+
+
+def _copies(nb: dict, items: list[str]) -> list[dict]:
+    """``copied_reference`` problems for code that closely matches an item's reference."""
+    from .copies import find_copies
+    sources = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") == "code" and not _nbgrader(cell).get("locked"):
+            source = cell.get("source", "")
+            sources.append((_where(index, cell), "".join(source) if isinstance(source, list) else str(source)))
+    return [Problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
+                                        f"{f['item']} (similarity {f['similarity']:.2f}); check it was not copied",
+                    f"test_{f['item']}") for f in find_copies(sources, items)]
+
+
+def _not_checked(result: ItemResult | None) -> str:
+    """Why an item could not be checked at all ("" when its checks ran, passing or not)."""
+    if result is None:
+        return "no check is defined for this test cell"
+    first = next((r.message for r in result.results if r.message and r.message != "not run"), "")
+    if first.startswith("This test cell did not run") or "is not defined when its test cell runs" in first:
+        return first.splitlines()[0][:300]
+    return ""
