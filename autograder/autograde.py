@@ -83,7 +83,10 @@ class GradingOptions:
 # ---------------------------------------------------------------------------
 
 def read_submission(path: Path) -> tuple[NotebookNode | None, list[dict]]:
-    """Read a submitted notebook as nbformat 4; (None, reasons) when it cannot be read."""
+    """Read a submitted notebook as nbformat 4; (None, reasons) when it cannot be read.
+    A symbolic link is never followed (it could point at a solution or another student's work)."""
+    if path.is_symlink() or any(p.is_symlink() for p in path.parents[:2]):
+        return None, [Problem("symlink", f"{path.name} is a symbolic link; it was not read")]
     if not path.is_file():
         return None, [Problem("missing", f"no submitted notebook {path.name}")]
     size = path.stat().st_size
@@ -205,9 +208,11 @@ def course_secret(course: Course) -> bytes:
     return path.read_bytes()
 
 
-def item_salt(secret: bytes, assignment: str, notebook: str, student: str, item: str) -> int:
-    """The salt of one item's inputs for one student (deterministic, never 0)."""
-    digest = hmac.new(secret, f"{assignment}/{notebook}/{student}/{item}".encode(), hashlib.sha256).digest()
+def item_salt(secret: bytes, assignment: str, notebook: str, student: str, item: str, submission: str = "") -> int:
+    """The salt of one item's inputs for one student's submission (deterministic, never 0):
+    grading the same submission again gives the same inputs; a resubmission gets new ones."""
+    key = f"{assignment}/{notebook}/{student}/{item}/{submission}".encode()
+    digest = hmac.new(secret, key, hashlib.sha256).digest()
     return int.from_bytes(digest[:6], "big") | 1
 
 
@@ -223,6 +228,23 @@ def course_fingerprint(course: Course) -> str:
                 h.update(p.read_bytes())
     h.update((course.root / "nbgrader_config.py").read_bytes())
     return h.hexdigest()[:16]
+
+
+def _extra_files(folder: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """The submission's other files (``(relative name, path)``) and the symbolic links
+    found (never followed)."""
+    files, links = [], []
+    if not folder.is_dir() or folder.is_symlink():
+        return files, links
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if p.is_symlink() or any(q.is_symlink() for q in p.parents if folder in q.parents):
+            links.append(str(rel))
+        elif p.is_file() and p.suffix != ".ipynb" and p.name != "timestamp.txt":
+            files.append((str(rel), str(p)))
+    return files, links
 
 
 def _test_items(nb: NotebookNode) -> list[str]:
@@ -246,13 +268,17 @@ def _submission_fingerprint(path: Path, extra: list[tuple[str, str]], salt_key: 
 # ---------------------------------------------------------------------------
 
 _WORKER: dict[str, Any] = {}
+WORKER_MEMORY = 24 * 2**30  # address space of a grading worker (torch alone reserves several GB)
 
 
 def _init_worker(env: dict[str, str], uid_base: int, slot: int) -> None:
     os.environ.update(env)
     logging.getLogger("traitlets").setLevel(logging.CRITICAL)
+    import resource
     import torch
     torch.set_num_threads(1)
+    # a bound on what judging any submission may cost this worker (its sandbox has its own)
+    resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, WORKER_MEMORY))
     _WORKER["uid"] = uid_base + slot  # each concurrent sandbox its own user (when grading as root)
 
 
@@ -402,9 +428,7 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                 task_id = f"{student}/{notebook}"
                 folder = course.submission_dir(student, assignment)
                 path = folder / f"{notebook}.ipynb"
-                extra = [(str(p.relative_to(folder)), str(p)) for p in sorted(folder.rglob("*"))
-                         if p.is_file() and p.suffix != ".ipynb" and p.name != "timestamp.txt"
-                         and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
+                extra, links = _extra_files(folder)
                 task = tasks[task_id] = _Task(assignment, student, notebook, [],
                                               _submission_fingerprint(path, extra, settings))
                 previous = (read_json(course.report_path(assignment, student), {}) or {}).get("notebooks", {})
@@ -415,6 +439,8 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                     task.job = {"skip": True}
                     continue
                 nb, problems = read_submission(path)
+                problems += [Problem("symlink", f"{link} is a symbolic link; it was not given to the notebook")
+                             for link in links]
                 task.problems = problems
                 problems[:0] = [note for note in collect_notes.get(student, [])
                                 if f"{notebook}.ipynb" in note["message"]]  # e.g. a renamed file
@@ -435,7 +461,8 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                 task.job = {"job_id": task_id, "job_dir": str(job_dir), "notebook": nbformat.writes(nb),
                             "extra_files": extra, "limits": limits.__dict__.copy(),
                             "course_copy": str(course_copy(nb, notebook)),
-                            "salts": {i: item_salt(secret, assignment, notebook, student, i) for i in items},
+                            "salts": {i: item_salt(secret, assignment, notebook, student, i, task.fingerprint)
+                                      for i in items},
                             "device": "cuda" if options.gpu else "cpu", "gpu": options.gpu,
                             "threads": options.threads_per_kernel,
                             "unsafe_no_sandbox": options.unsafe_no_sandbox,

@@ -26,7 +26,7 @@ def _memory(text: str) -> int | None:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected megabytes (0 for no limit), got {text}")
-    return value or None
+    return value
 
 
 def _positive(text: str) -> int:
@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--workers", type=int, default=0, help="worker processes (default: one per core)")
     p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
     p.add_argument("--notebook-timeout", type=_positive, default=1800, help="seconds per notebook (default 1800)")
-    p.add_argument("--memory-mb", type=_memory, default=4096,
-                   help="address-space limit of a kernel in MB (default 4096; 0: none, e.g. for CUDA)")
+    p.add_argument("--memory-mb", type=_memory, default=None,
+                   help="address-space limit of a notebook in MB (default 4096, none with --gpu: CUDA reserves "
+                        "a large address space; 0: none)")
     p.add_argument("--max-output-kb", type=_positive, default=256, help="output kept per cell (default 256)")
     p.add_argument("--threads", type=_positive, default=1, help="CPU threads per notebook (default 1)")
     p.add_argument("--force", action="store_true",
@@ -143,8 +144,9 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
     if not assignments:
         raise CourseError(f"no submissions in {course.submitted_dir}: run `workbook collect` first")
     cell_timeout = args.cell_timeout or int(course.setting("Execute", "timeout", 300))
+    memory = args.memory_mb if args.memory_mb is not None else (None if args.gpu else 4096)
     limits = Limits(cell_timeout=cell_timeout, notebook_timeout=args.notebook_timeout,
-                    memory_mb=args.memory_mb, max_output_kb=args.max_output_kb)
+                    memory_mb=memory or None, max_output_kb=args.max_output_kb)
     options = GradingOptions(workers=args.workers, limits=limits, threads_per_kernel=args.threads,
                              students=args.student, unsafe_no_sandbox=args.unsafe_no_sandbox, gpu=args.gpu,
                              force=args.force)

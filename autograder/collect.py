@@ -51,7 +51,7 @@ class CollectResult:
 @dataclass
 class _File:
     name: str  # path of the file inside the source, for messages
-    data: bytes
+    data: bytes | None  # None: a symbolic link, not followed
 
 
 def _is_junk(name: str) -> bool:
@@ -72,7 +72,9 @@ def _walk_source(source: Path) -> Iterator[_File]:
             raise CourseError(f"{source} is not a readable zip file: {exc}") from None
     elif source.is_dir():
         for path in sorted(source.rglob("*")):
-            if path.is_file():
+            if path.is_symlink():  # never followed: it could point at anything on this machine
+                yield _File(path.relative_to(source).as_posix(), None)
+            elif path.is_file():
                 yield _File(path.relative_to(source).as_posix(), path.read_bytes())
     else:
         raise CourseError(f"{source} does not exist")
@@ -201,6 +203,9 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
     extras: dict[str, list[_File]] = {}
     clashes: set[tuple[str, str]] = set()
     for item in files:
+        if item.data is None:
+            result.ignored.append(f"{item.name}: a symbolic link (not followed)")
+            continue
         if _is_junk(item.name):
             result.ignored.append(f"{item.name}: system file")
             continue

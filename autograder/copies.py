@@ -115,3 +115,47 @@ def find_copies(sources: Iterable[tuple[str, str]], items: Iterable[str]) -> lis
                 if ratio >= THRESHOLD:
                     found.append({"item": item, "name": node.name, "where": where, "similarity": round(ratio, 3)})
     return found
+
+
+# ---------------------------------------------------------------------------
+# Forbidden callables, found in the code (a hostile process can hide their calls)
+# ---------------------------------------------------------------------------
+
+# Other names under which torch offers a forbidden computation.
+ALIASES = {
+    "layer_norm": ("native_layer_norm", "LayerNorm"),
+    "cross_entropy": ("cross_entropy_loss", "CrossEntropyLoss"),
+    "scaled_dot_product_attention": ("_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
+                                     "_scaled_dot_product_efficient_attention", "_fused_sdp_choice"),
+    "multi_head_attention_forward": ("MultiheadAttention", "_native_multi_head_attention"),
+    "rnn_tanh": ("RNN", "_VF"),
+}
+
+
+def forbidden_uses(source: str, forbidden: dict) -> str:
+    """The reason of the first forbidden callable the code names (``x.name``, an import of
+    it from torch, or ``getattr(x, "name")``), or ``""``. ``forbidden`` maps callables to
+    reasons, as ``ItemSpec.forbidden``."""
+    names = {}
+    for fn, reason in forbidden.items():
+        name = getattr(fn, "__name__", "")
+        for n in (name, *ALIASES.get(name, ())):
+            if n:
+                names[n] = reason
+    if not names:
+        return ""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            return names[node.attr]
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            for alias in node.names:
+                if alias.name in names:
+                    return names[alias.name]
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in names):
+            return names[node.args[1].value]
+    return ""

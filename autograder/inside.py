@@ -395,6 +395,36 @@ def main() -> None:
     run(channel, setup)
 
 
+def visible_check(item: str, impl):  # noqa: ANN001, ANN201
+    """``(passed, reference)``: whether ``impl`` passes the item's visible checks, as the
+    grader judges its answers, and course_lib's reference for the item (a stub here)."""
+    from course_lib.grading.calls import Call, Subject, perform, resolve
+
+    if _CHANNEL is None:
+        return True, None
+    reply = _CHANNEL.request({"type": "visible_plan", "item": str(item)})
+    if reply.get("type") != "plan":
+        return True, None
+    subject = Subject.from_data(reply["subject"])
+    answers = []
+    for segment in reply["segments"]:
+        row = []
+        for call_data in segment:
+            try:
+                row.append(perform(subject, impl, Call.from_data(call_data)))
+            except BaseException as exc:  # noqa: BLE001
+                row.append({"ok": False, "kind": "error", "exc": type(exc).__name__, "text": str(exc)[:300],
+                            "where": ""})
+        answers.append(row)
+    verdict = _CHANNEL.request({"type": "visible_answers", "item": subject.name, "answers": answers})
+    reference = None
+    try:
+        reference = resolve(reply["subject"]["reference"])
+    except Exception:  # noqa: BLE001
+        pass
+    return bool(verdict.get("passed")), reference
+
+
 def oracle(name: str, args: tuple, kwargs: dict, grad_outputs=None):  # noqa: ANN001, ANN201
     """Ask the grader to run course_lib's reference ``name`` (see autograder.stubs)."""
     if _CHANNEL is None:

@@ -25,6 +25,7 @@ from course_lib.grading.wire import GeneratorState, WireError, decode, encode
 __all__ = ["Oracle"]
 
 MAX_REQUEST = 64 * 2**20
+MAX_REPLY = 64 * 2**20
 
 
 def _code_objects(obj: Any) -> set:
@@ -59,6 +60,8 @@ def _recv(sock: socket.socket) -> bytes:
         return b"".join(chunks)
 
     (n,) = _LEN.unpack(exactly(_LEN.size))
+    if n > MAX_REPLY + 2**20:
+        raise EOFError("oversized message")
     return exactly(n)
 
 
@@ -89,7 +92,21 @@ def _serve(conn: socket.socket, targets: dict[str, Any], memory_mb: int | None) 
             data = encode(reply)
         except Exception as exc:  # noqa: BLE001
             data = encode({"ok": False, "text": f"the reference's result could not be sent: {exc}"})
+        if len(data) > MAX_REPLY:
+            data = encode({"ok": False, "text": "the reference's result is too large to send while grading"})
         _send(conn, data)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Only data may reach a reference: no Build (it would construct objects here)."""
+    from course_lib.grading.wire import Build, Opaque
+    if isinstance(value, (Build, Opaque)) or depth > 30:
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    return True
 
 
 def _answer(request: dict, targets: dict[str, Any]) -> dict:
@@ -162,6 +179,8 @@ class Oracle:
             code = 0
             try:
                 parent.close()
+                from .pool import _die_with_parent
+                _die_with_parent()
                 _serve(child, refs, self.memory_mb)
             except BaseException:  # noqa: BLE001
                 code = 1
@@ -200,7 +219,11 @@ class Oracle:
             return {"ok": False, "item": item,
                     "text": f"course_lib's {name.split(':')[-1]} (the reference for {item}) is not "
                             f"available while {item} is being graded"}
-        request = {"name": name, "args": message.get("args", ()), "kwargs": message.get("kwargs", {}),
+        args, kwargs = message.get("args", ()), message.get("kwargs", {})
+        if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict) or not _plain((args, kwargs)):
+            return {"ok": False, "text": "course_lib's reference takes plain data only (tensors, numbers, strings, "
+                                         "lists) while this notebook is graded"}
+        request = {"name": name, "args": tuple(args), "kwargs": kwargs,
                    "watch": [n for n, (_, it) in self.targets.items() if it in open_items]}
         if "grad_outputs" in message:
             request["grad_outputs"] = message["grad_outputs"]

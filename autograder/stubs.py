@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import inspect
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -50,7 +50,15 @@ def check(item, impl, hidden=False, device=None):
 
 
 def working_or_reference(item, impl):
-    return impl
+    """``impl`` if it passes the item's visible checks (judged by the grader), else
+    course_lib's reference (see course_lib.grading.runner.working_or_reference)."""
+    import workbook_runner
+
+    passed, reference = workbook_runner.visible_check(item, impl)
+    if passed or reference is None:
+        return impl
+    print(f"(Your {item} does not pass its visible checks yet, so this cell uses course_lib's reference.)")
+    return reference
 '''
 
 _ORACLE_SOURCE = '''"""Stubs for the references graded in this notebook (see autograder.stubs)."""
@@ -146,7 +154,11 @@ def function(target, item):
 
     def stub(*args, **kwargs):
         generators = []
-        plain = _check_plain((args, kwargs), name, generators)
+        try:
+            plain = _check_plain((args, kwargs), name, generators)
+        except ReferenceUnavailable as error:
+            error.refused_item = item
+            raise
         tensors = []
         structure = _flatten(plain, tensors)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -172,9 +184,11 @@ def unavailable_class(target, item):
     name = qualname.rsplit(".", 1)[-1]
 
     def __init__(self, *args, **kwargs):
-        raise ReferenceUnavailable(
+        error = ReferenceUnavailable(
             f"course_lib's {name} (the reference for {item}) is not available while this notebook is "
             "graded; this cell does not count towards the grade.")
+        error.refused_item = item
+        raise error
 
     cls = type(name, (torch.nn.Module,), {"__init__": __init__, "__module__": module, "__qualname__": qualname,
                                           "__workbook_reference__": target,
@@ -238,7 +252,7 @@ def build_course_copy(dest: Path, items: Iterable[str], source: Path | None = No
     for key, (ref, item) in reference_targets(items).items():
         if "." in ref.__qualname__:
             raise ValueError(f"reference {key} is not defined at the top level of its module")
-        path = Path(inspect.getsourcefile(ref)).resolve()
+        path = Path(sys.modules[ref.__module__].__file__).resolve()  # (decorators may wrap the function)
         rel = path.relative_to(source.resolve())
         by_file.setdefault(target / rel, {})[ref.__qualname__] = (key, item, isinstance(ref, type))
     for path, names in by_file.items():

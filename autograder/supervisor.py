@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -38,6 +39,7 @@ import torch
 from course_lib.grading import get_spec
 from course_lib.grading.calls import Subject
 from course_lib.grading.runner import ItemResult, SubResult, format_report, judge_item, plan_item
+from course_lib.grading.wire import Limits as WireLimits
 from course_lib.grading.wire import decode
 
 from . import sandbox
@@ -50,6 +52,9 @@ __all__ = ["grade_notebook", "Problem", "RUNNER"]
 RUNNER = Path(__file__).with_name("inside.py")
 GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
 MAX_FILES_MB = 100
+MAX_FRAME = 64 * 2**20  # one message from the sandbox
+MAX_ANSWERS = 256 * 2**20  # all the answers of one item
+STRICT = WireLimits(max_bytes=MAX_FRAME, max_header=4 * 2**20, max_nodes=200_000)  # what the sandbox may send
 _OUTPUT_TYPES = {"stream", "display_data", "execute_result", "error"}
 _SAFE_MIME = {"text/plain", "image/png", "image/jpeg"}
 
@@ -114,6 +119,26 @@ def clean_output(output: Any) -> dict | None:
     return clean
 
 
+_CODE_SPAN = re.compile(r"(```.*?```|~~~.*?~~~|`[^`]*`)", re.S)
+_SCHEME = re.compile(r"(javascript|vbscript|data|file)\s*:", re.I)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
+
+
+def clean_markdown(text: str) -> str:
+    """A student's markdown made inert for the feedback page and the formgrader: HTML
+    outside code is escaped (shown as text), script-like link schemes are disabled."""
+    parts = _CODE_SPAN.split(text)
+    for i in range(0, len(parts), 2):  # the even parts are outside code
+        parts[i] = _SCHEME.sub(r"\1-blocked:", parts[i].replace("&", "&amp;").replace("<", "&lt;")
+                               .replace(">", "&gt;"))
+    return _CONTROL.sub("", "".join(parts))
+
+
+def clean_text(text: str) -> str:
+    """A message from the student's side, safe to print on the instructor's terminal."""
+    return _CONTROL.sub("", str(text))
+
+
 def _is_base64(text: str) -> bool:
     import re
     return re.fullmatch(r"[A-Za-z0-9+/=\s]*", text) is not None
@@ -143,6 +168,7 @@ class _Run:
     total: int = 0
     truncated: set[int] = field(default_factory=set)
     current: int | None = None
+    last_cell: int = -1
     cell_started: float = 0.0
     ended: str = ""  # why the run stopped early (empty when it finished)
     ended_at: int | None = None
@@ -156,7 +182,7 @@ class _Run:
     def event(self, kind: str, index: int | None, message: str) -> None:
         cell = self.cells[index] if index is not None and 0 <= index < len(self.cells) else {}
         where = _where(index, cell) + ": " if index is not None else ""
-        self.events.append(Problem(kind, where + message, _nbgrader(cell).get("grade_id", "")))
+        self.events.append(Problem(kind, clean_text(where + message), clean_text(_nbgrader(cell).get("grade_id", ""))))
 
     def add_output(self, index: Any, output: Any) -> None:
         if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self.current:
@@ -209,6 +235,7 @@ class _Supervisor:
                              timeout=min(60.0, float(self.limits.cell_timeout)))
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
+        self.visible_plans: dict[str, Any] = {}
 
     # -- starting -----------------------------------------------------------
     def _setup_message(self) -> dict:
@@ -278,27 +305,30 @@ class _Supervisor:
     # -- serving --------------------------------------------------------------
     def serve(self) -> None:
         run = self.run
-        reader = FrameReader()
+        reader = FrameReader(max_frame=MAX_FRAME, limits=STRICT)
         started = time.monotonic()
         deadline = started + self.limits.notebook_timeout
         while not run.done:
             now = time.monotonic()
+            # the deadlines are checked on every turn: a sandbox that never stops sending
+            # cannot keep its notebook running
+            if now >= deadline:
+                run.ended = f"the notebook time limit ({self.limits.notebook_timeout} s) was reached"
+                run.event("notebook_timeout", run.current, run.ended)
+                run.ended_at = run.current
+                return
+            if run.current is not None and now >= run.cell_started + self.limits.cell_timeout + GRACE:
+                run.ended = (f"the cell ran longer than the {self.limits.cell_timeout} s limit and did not "
+                             "stop when interrupted")
+                run.event("cell_timeout", run.current, run.ended)
+                run.ended_at = run.current
+                return
             waits = [deadline - now]
             if run.current is not None:
                 waits.append(run.cell_started + self.limits.cell_timeout + GRACE - now)
-            timeout = max(0.0, min(waits))
-            ready, _, _ = select.select([self.sock], [], [], timeout)
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, min(waits)))
             if not ready:
-                now = time.monotonic()
-                if now >= deadline:
-                    run.ended = f"the notebook time limit ({self.limits.notebook_timeout} s) was reached"
-                    run.event("notebook_timeout", run.current, run.ended)
-                else:
-                    run.ended = (f"the cell ran longer than the {self.limits.cell_timeout} s limit and did not "
-                                 "stop when interrupted")
-                    run.event("cell_timeout", run.current, run.ended)
-                run.ended_at = run.current
-                return
+                continue
             try:
                 data = self.sock.recv(1 << 20)
             except OSError:
@@ -337,9 +367,9 @@ class _Supervisor:
             run.add_output(message.get("index"), message.get("output"))
         elif kind == "cell_start":
             index = message["index"]
-            if not isinstance(index, int) or not 0 <= index < len(run.cells):
-                raise ProtocolError("cell index out of range")
-            run.current, run.cell_started = index, time.monotonic()
+            if not isinstance(index, int) or not 0 <= index < len(run.cells) or index <= run.last_cell:
+                raise ProtocolError("cells run in order, each once")
+            run.current, run.cell_started, run.last_cell = index, time.monotonic(), index
         elif kind == "cell_end":
             index = message.get("index")
             if index == run.current and index is not None:
@@ -357,6 +387,10 @@ class _Supervisor:
             self.answer(message)
         elif kind == "plan_done":
             run.open_items.discard(message.get("item"))
+        elif kind == "visible_plan":
+            self.visible_plan(message)
+        elif kind == "visible_answers":
+            self.visible_answers(message)
         elif kind == "oracle":
             self.reply({"type": "oracle_result", **self.oracle.ask(message, run.open_items)})
         elif kind == "exit":
@@ -384,6 +418,9 @@ class _Supervisor:
         gid = message.get("grade_id")
         item = self.tests.get(gid) if isinstance(gid, str) else None
         run.open_items.clear()  # a new request closes any plan still open
+        current = run.cells[run.current] if run.current is not None else {}
+        if not _is_test(current) or _nbgrader(current).get("grade_id") != gid:
+            item = None  # a plan is given only while its own test cell runs
         if item is None or item not in self.items or item in run.requested:
             self.reply({"type": "no_plan"})
             return
@@ -404,6 +441,30 @@ class _Supervisor:
         segments = [[decode(data, kind="call") for data in seg] for seg in plan.segments]
         self.reply({"type": "plan", "item": item, "subject": subject, "segments": segments})
 
+    def visible_plan(self, message: dict) -> None:
+        """The visible checks of an item, for ``working_or_reference`` in the notebook (no
+        points depend on them: the notebook's own inputs, salt 0)."""
+        item = message.get("item")
+        if item not in self.items:
+            self.reply({"type": "no_plan"})
+            return
+        spec = get_spec(item)
+        if item not in self.visible_plans:
+            self.visible_plans[item] = plan_item(spec, hidden=False, device=self.device, salt=0)
+        plan = self.visible_plans[item]
+        segments = [[decode(data, kind="call") for data in seg] for seg in plan.segments]
+        self.reply({"type": "plan", "item": item, "subject": Subject.of(spec).as_data(), "segments": segments})
+
+    def visible_answers(self, message: dict) -> None:
+        item, answers = message.get("item"), message.get("answers")
+        passed = False
+        if item in self.visible_plans and isinstance(answers, list):
+            rows = [[a if isinstance(a, dict) else None for a in row] if isinstance(row, list) else []
+                    for row in answers]
+            result = judge_item(get_spec(item), self.visible_plans[item], rows, device=self.device, salt=0)
+            passed = not result.reference_used and all(r.passed for r in result.results)
+        self.reply({"type": "verdict", "passed": passed})
+
     def answer(self, message: dict) -> None:
         run = self.run
         item, s, i = message.get("item"), message.get("segment"), message.get("index")
@@ -413,6 +474,9 @@ class _Supervisor:
         if not (0 <= s < len(table) and 0 <= i < len(table[s])) or table[s][i] is not None:
             return
         answer = message.get("answer")
+        run.answer_bytes[item] += _nbytes(answer)
+        if run.answer_bytes[item] > MAX_ANSWERS:
+            answer = {"ok": False, "kind": "no_answer", "text": "the answers are too large"}
         table[s][i] = answer if isinstance(answer, dict) else {"ok": False, "kind": "no_answer",
                                                                "text": "the answer could not be read"}
 
@@ -427,9 +491,22 @@ class _Supervisor:
             if item in run.plans:
                 results[item] = judge_item(spec, run.plans[item], run.answers[item], device=self.device,
                                            salt=self.salts.get(item, 0))
+                reason = self._forbidden(item, spec)
+                if reason and not results[item].reference_used:
+                    results[item].reference_used = reason
             else:
                 results[item] = _not_run(spec, self._why_not_run(gid))
         return results
+
+    def _forbidden(self, item: str, spec: Any) -> str:
+        """A forbidden callable named in the item's solution cell (found in the code, here)."""
+        from .copies import forbidden_uses
+        for cell in self.nb["cells"]:
+            meta = _nbgrader(cell)
+            if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id") == item:
+                source = cell.get("source", "")
+                return forbidden_uses("".join(source) if isinstance(source, list) else str(source), spec.forbidden)
+        return ""
 
     def _why_not_run(self, gid: str) -> str:
         run = self.run
@@ -437,6 +514,19 @@ class _Supervisor:
             where = f" in {_where(run.ended_at, run.cells[run.ended_at])}" if run.ended_at is not None else ""
             return f"This test cell did not run: {run.ended}{where}."
         return "This test cell did not run."
+
+
+def _nbytes(value: Any, depth: int = 0) -> int:
+    """Bytes held by the tensors in a decoded value."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if depth > 30:
+        return 0
+    if isinstance(value, dict):
+        return sum(_nbytes(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v, depth + 1) for v in value)
+    return 0
 
 
 def _known(item: str) -> bool:
@@ -526,6 +616,12 @@ def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandb
     nb = sup.nb
     cells_out = []
     for index, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") in ("markdown", "raw"):
+            source = cell.get("source", "")
+            cell["source"] = clean_markdown("".join(source) if isinstance(source, list) else str(source))
+            cell.pop("attachments", None)
+            cell.get("metadata", {}).pop("format", None)
+            cell.get("metadata", {}).pop("raw_mimetype", None)
         if cell.get("cell_type") != "code":
             continue
         if _is_test(cell):

@@ -44,6 +44,7 @@ class Limits:
     """Bounds :func:`decode` enforces on a message from an untrusted peer."""
 
     max_bytes: int = 512 * 2**20
+    max_header: int = 64 * 2**20  # the JSON structure (tensors' bytes come after it)
     max_nodes: int = 200_000
     max_depth: int = 24
     max_string: int = 1 * 2**20
@@ -302,6 +303,8 @@ def decode(data: bytes, limits: Limits = Limits(), kind: str | None = None) -> A
     (n,) = _HEADER.unpack(data[:_HEADER.size])
     if n > len(data) - _HEADER.size:
         raise WireError("truncated header")
+    if n > limits.max_header:
+        raise WireError(f"a structure of {n} bytes is over the {limits.max_header} byte limit")
     try:
         header = json.loads(bytes(data[_HEADER.size:_HEADER.size + n]))
     except (ValueError, RecursionError):
