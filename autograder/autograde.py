@@ -241,7 +241,8 @@ def _extra_files(folder: Path) -> tuple[list[tuple[str, str]], list[str]]:
         if any(part.startswith(".") for part in rel.parts):
             continue
         if p.is_symlink() or any(q.is_symlink() for q in p.parents if folder in q.parents):
-            links.append(str(rel))
+            if p.suffix != ".ipynb":  # (a linked notebook is reported when it is read)
+                links.append(str(rel))
         elif p.is_file() and p.suffix != ".ipynb" and p.name != "timestamp.txt":
             files.append((str(rel), str(p)))
     return files, links

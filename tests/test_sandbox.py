@@ -171,3 +171,25 @@ def test_the_cli_refuses_without_a_sandbox_and_names_the_escape_hatch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2
     assert "bubblewrap" in proc.stderr and "--unsafe-no-sandbox" in proc.stderr
+
+
+def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_path):
+    """A cell that ignores interrupts and keeps the grader's socket busy with messages is
+    stopped at the notebook's time limit (the deadlines are checked on every message)."""
+    flood = nbformat.v4.new_code_cell(
+        "import signal, struct, time, workbook_runner\n"
+        "from course_lib.grading.wire import encode\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "frame = encode({'type': 'hello'}, kind='message')\n"
+        "burst = (struct.pack('<I', len(frame)) + frame) * 2000\n"
+        "t = time.time()\n"
+        "while time.time() - t < 120:\n"
+        "    workbook_runner._CHANNEL.sock.sendall(burst)\n")
+    nb = nbformat.v4.new_notebook(cells=[flood])
+    copy = build_course_copy(tmp_path / "course", [])
+    limits = sandbox.Limits(cell_timeout=5, notebook_timeout=10, memory_mb=2048)
+    job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {}, "extra_files": []}
+    start = time.monotonic()
+    result = grade_notebook(job, copy, tmp_path / "job")
+    assert time.monotonic() - start < 60
+    assert {p["kind"] for p in result["problems"]} & {"cell_timeout", "notebook_timeout"}

@@ -1,0 +1,100 @@
+"""Regressions for attacks on the grader found by trying them: each is refused where it
+lands, in the grader's process (fast; the sandbox itself is in tests/test_sandbox.py)."""
+
+from __future__ import annotations
+
+import os
+
+import nbformat
+import pytest
+import torch
+
+from autograder.autograde import _extra_files, item_salt, read_submission
+from autograder.copies import find_copies, forbidden_uses
+from autograder.oracle import Oracle
+from autograder.stubs import reference_targets
+from autograder.supervisor import clean_markdown, clean_output, clean_text
+from course_lib.grading import get_spec
+from course_lib.grading.calls import realise
+from course_lib.grading.wire import Build, Limits, WireError, decode, encode
+
+
+def test_the_oracle_runs_references_on_plain_data_only():
+    oracle = Oracle(reference_targets(["causal_mask", "padding_mask"]), timeout=30)
+    try:
+        evil = Build("torch.utils.collect_env:run", ("id > /tmp/never-written",))
+        refused = oracle.ask({"name": "course_lib.attention:causal_mask", "args": (evil,), "kwargs": {}}, set())
+        assert not refused["ok"] and "plain data" in refused["text"]
+        ok = oracle.ask({"name": "course_lib.attention:causal_mask", "args": (3,), "kwargs": {}}, set())
+        assert ok["ok"] and torch.equal(ok["value"], torch.ones(3, 3, dtype=torch.bool).tril())
+        during = oracle.ask({"name": "course_lib.attention:causal_mask", "args": (3,), "kwargs": {}}, {"causal_mask"})
+        assert not during["ok"] and during["item"] == "causal_mask"
+        other = oracle.ask({"name": "course_lib.attention:padding_mask", "args": (torch.tensor([2]), 3),
+                            "kwargs": {}}, {"causal_mask"})
+        assert other["ok"]  # another item's reference stays available
+        assert not os.path.exists("/tmp/never-written")
+    finally:
+        oracle.close()
+
+
+def test_builds_construct_grading_fixtures_only():
+    with pytest.raises(ValueError, match="cannot use"):
+        realise(Build("torch.utils.collect_env:run", ("true",)))
+    model = realise(Build("course_lib.grading.fixtures.gpt:ContextSumModel", (11, 4)))
+    assert model.block_size == 4
+
+
+def test_symlinked_submissions_and_files_are_not_followed(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("instructor only")
+    folder = tmp_path / "s1" / "03"
+    folder.mkdir(parents=True)
+    (folder / "03.ipynb").symlink_to(secret)
+    (folder / "notes.txt").symlink_to(secret)
+    (folder / "data.csv").write_text("1,2\n")
+    nb, problems = read_submission(folder / "03.ipynb")
+    assert nb is None and problems[0]["kind"] == "symlink"
+    files, links = _extra_files(folder)
+    assert [f for f, _ in files] == ["data.csv"] and links == ["notes.txt"]
+
+
+def test_student_markdown_and_messages_are_made_inert():
+    md = clean_markdown("<script>alert(1)</script> [x](javascript:alert(1)) `<bos>` <img src=x onerror=y>")
+    assert "<script" not in md and "<img" not in md and "javascript:" not in md and "`<bos>`" in md
+    assert clean_text("\x1b[2J\x1b[Hfake line") == "[2J[Hfake line"
+    assert clean_output({"output_type": "display_data", "data": {"text/html": "<script>x</script>"}}) is None
+    shown = clean_output({"output_type": "execute_result", "data": {"text/plain": "1", "application/javascript": "x"},
+                          "execution_count": 3})
+    assert shown["data"] == {"text/plain": "1"}
+
+
+def test_oversized_structures_are_refused_before_they_are_built():
+    raw = encode([[]] * 1000)
+    with pytest.raises(WireError, match="structure"):
+        decode(raw, Limits(max_header=2000))
+
+
+def test_forbidden_callables_are_found_in_the_code():
+    ln = get_spec("LayerNorm").forbidden
+    assert forbidden_uses("def f(x):\n    return torch.layer_norm(x, (3,))", ln)
+    assert forbidden_uses("from torch.nn.functional import layer_norm", ln)
+    assert forbidden_uses("g = getattr(F, 'layer_norm')", ln)
+    assert not forbidden_uses("class LayerNorm(nn.Module):\n    def forward(self, x):\n        return x.mean(-1)", ln)
+
+
+def test_a_pasted_reference_is_flagged_and_a_written_one_is_not():
+    import inspect
+    import course_lib.multihead as ref
+    pasted = inspect.getsource(ref.MultiHeadAttention).replace("MultiHeadAttention", "MyAttention")
+    found = find_copies([("cell 3", pasted)], ["MultiHeadAttention"])
+    assert found and found[0]["item"] == "MultiHeadAttention" and found[0]["similarity"] > 0.95
+    written = "def split_heads(x, num_heads):\n    B, T, D = x.shape\n    return x.view(B, T, num_heads, -1).transpose(1, 2)\n"
+    assert find_copies([("cell 3", written)], ["MultiHeadAttention", "split_heads"]) == []
+
+
+def test_salts_are_secret_per_student_and_per_submission():
+    a = item_salt(b"k" * 32, "03", "03", "ann", "causal_mask", "v1")
+    assert a == item_salt(b"k" * 32, "03", "03", "ann", "causal_mask", "v1")
+    assert len({a, item_salt(b"k" * 32, "03", "03", "bob", "causal_mask", "v1"),
+                item_salt(b"k" * 32, "03", "03", "ann", "causal_mask", "v2"),
+                item_salt(b"j" * 32, "03", "03", "ann", "causal_mask", "v1")}) == 4
