@@ -6,8 +6,10 @@ runs in a child process of the grading worker with a memory limit and a time lim
 per call, so that a call cannot hang or exhaust the grader; the child is replaced
 after a call that overruns.
 
-While an item's checks run, its reference is refused, and so is any reference
-whose computation would call it (watched with a profiler in this trusted process).
+Until an item's test cell has finished, its reference is refused, and so is any
+reference whose computation would call it (watched with a profiler in this trusted
+process): a notebook may build on an item's reference once that item is graded, never
+before.
 """
 
 from __future__ import annotations
@@ -209,22 +211,24 @@ class Oracle:
             self.conn.close()
         self.pid = self.conn = None
 
-    def ask(self, message: dict, open_items: set[str]) -> dict:
-        """The reply to a stub's ``oracle`` message (``{"ok": False, "text": ...}`` when refused)."""
+    def ask(self, message: dict, refused: set[str]) -> dict:
+        """The reply to a stub's ``oracle`` message (``{"ok": False, "text": ...}`` when
+        refused). ``refused``: the items not graded yet, whose references are off limits."""
         name = message.get("name")
         if not isinstance(name, str) or name not in self.targets:
             return {"ok": False, "text": "that is not one of this notebook's references"}
         item = self.targets[name][1]
-        if item in open_items:
+        if item in refused:
             return {"ok": False, "item": item,
                     "text": f"course_lib's {name.split(':')[-1]} (the reference for {item}) is not "
-                            f"available while {item} is being graded"}
+                            f"available before {item} has been graded (after its test cell): "
+                            f"{item} must be your own code"}
         args, kwargs = message.get("args", ()), message.get("kwargs", {})
         if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict) or not _plain((args, kwargs)):
             return {"ok": False, "text": "course_lib's reference takes plain data only (tensors, numbers, strings, "
                                          "lists) while this notebook is graded"}
         request = {"name": name, "args": tuple(args), "kwargs": kwargs,
-                   "watch": [n for n, (_, it) in self.targets.items() if it in open_items]}
+                   "watch": [n for n, (_, it) in self.targets.items() if it in refused]}
         if "grad_outputs" in message:
             request["grad_outputs"] = message["grad_outputs"]
         try:

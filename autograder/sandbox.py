@@ -34,7 +34,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Limits", "SandboxUnavailable", "check_available", "command", "apply_limits", "SANDBOX_UID_BASE",
+__all__ = ["Limits", "SandboxUnavailable", "check_available", "command", "apply_limits", "tree_memory_mb",
+           "process_tree", "SANDBOX_UID_BASE",
            "RUNNER_DIR", "COURSE_DIR", "WORK_DIR"]
 
 MB = 2**20
@@ -87,6 +88,55 @@ def apply_limits(limits: Limits) -> None:
     cap(resource.RLIMIT_FSIZE, limits.file_mb * MB)
     cap(resource.RLIMIT_NOFILE, limits.max_open_files)
     cap(resource.RLIMIT_CORE, 0)
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            out.setdefault(parent, []).append(int(entry))
+    return out
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it (a sandbox's processes: bubblewrap
+    keeps them all under its own, even those that called ``setsid``)."""
+    children, out, stack = _children(), [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+def _memory_kb(pid: int, field: str) -> int:
+    try:
+        if field == "Rss":  # cheap: one line of statm
+            with open(f"/proc/{pid}/statm") as f:
+                return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_memory_mb(root: int) -> float:
+    """Memory in use by a process tree, in MB: the sum of its processes' proportional
+    set sizes (pages shared after ``fork`` are counted once), read only when the cheaper
+    sum of resident sizes, an upper bound, is large enough to matter."""
+    pids = process_tree(root)
+    rss = sum(_memory_kb(p, "Rss") for p in pids) / 1024
+    if rss < 256:
+        return rss
+    return sum(_memory_kb(p, "Pss") for p in pids) / 1024
 
 
 def _bwrap() -> str | None:

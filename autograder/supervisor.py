@@ -51,6 +51,7 @@ __all__ = ["grade_notebook", "Problem", "RUNNER"]
 
 RUNNER = Path(__file__).with_name("inside.py")
 GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
+MEMORY_CHECK = 0.25  # seconds between two looks at the memory all of a sandbox's processes use
 MAX_FILES_MB = 100
 MAX_FRAME = 64 * 2**20  # one message from the sandbox
 MAX_ANSWERS = 256 * 2**20  # all the answers of one item
@@ -225,10 +226,12 @@ class _Supervisor:
         self.device = torch.device(job.get("device", "cpu"))
         self.salts: dict[str, int] = job.get("salts", {})
         self.tests: dict[str, str] = {}  # grade_id -> item
-        for cell in self.nb["cells"]:
+        self.test_cell: dict[str, int] = {}  # item -> index of its (first) test cell
+        for index, cell in enumerate(self.nb["cells"]):
             if _is_test(cell):
                 gid = str(_nbgrader(cell).get("grade_id", ""))
                 self.tests[gid] = gid.removeprefix("test_")
+                self.test_cell.setdefault(gid.removeprefix("test_"), index)
         self.items = [i for i in self.tests.values() if _known(i)]
         self.run = _Run(self.nb["cells"], self.limits)
         self.oracle = Oracle(reference_targets(self.items), memory_mb=self.limits.memory_mb,
@@ -308,8 +311,20 @@ class _Supervisor:
         reader = FrameReader(max_frame=MAX_FRAME, limits=STRICT)
         started = time.monotonic()
         deadline = started + self.limits.notebook_timeout
+        next_memory_check = started
         while not run.done:
             now = time.monotonic()
+            if self.limits.memory_mb and now >= next_memory_check:
+                # RLIMIT_AS caps each process; the notebook's processes together share
+                # the same limit, checked here
+                next_memory_check = now + MEMORY_CHECK
+                used = sandbox.tree_memory_mb(self.process.pid)
+                if used > self.limits.memory_mb:
+                    run.ended = (f"the notebook's processes together used {used:.0f} MB, more than the "
+                                 f"{self.limits.memory_mb} MB limit, and were stopped")
+                    run.event("memory", run.current, run.ended)
+                    run.ended_at = run.current
+                    return
             # the deadlines are checked on every turn: a sandbox that never stops sending
             # cannot keep its notebook running
             if now >= deadline:
@@ -323,7 +338,7 @@ class _Supervisor:
                 run.event("cell_timeout", run.current, run.ended)
                 run.ended_at = run.current
                 return
-            waits = [deadline - now]
+            waits = [deadline - now] + ([next_memory_check - now] if self.limits.memory_mb else [])
             if run.current is not None:
                 waits.append(run.cell_started + self.limits.cell_timeout + GRACE - now)
             ready, _, _ = select.select([self.sock], [], [], max(0.0, min(waits)))
@@ -392,7 +407,7 @@ class _Supervisor:
         elif kind == "visible_answers":
             self.visible_answers(message)
         elif kind == "oracle":
-            self.reply({"type": "oracle_result", **self.oracle.ask(message, run.open_items)})
+            self.reply({"type": "oracle_result", **self.oracle.ask(message, self.not_yet_graded())})
         elif kind == "exit":
             run.ended_at = message.get("index") if isinstance(message.get("index"), int) else run.current
             run.ended = "the notebook called exit()"
@@ -412,6 +427,14 @@ class _Supervisor:
                                                      "the rest was dropped")
         else:
             raise ProtocolError(f"unknown message {kind[:40]!r}")
+
+    def not_yet_graded(self) -> set[str]:
+        """Items whose test cell has not finished: their references are refused, so that
+        nothing computed with course_lib's answer (a lookup table made in an earlier cell,
+        a function captured early) can stand in for the student's own code."""
+        run = self.run
+        done_up_to = run.last_cell if run.current is None else run.current - 1
+        return {item for item, index in self.test_cell.items() if index > done_up_to} | run.open_items
 
     def plan(self, message: dict) -> None:
         run = self.run

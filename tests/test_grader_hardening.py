@@ -16,6 +16,7 @@ from autograder.stubs import reference_targets
 from autograder.supervisor import clean_markdown, clean_output, clean_text
 from course_lib.grading import get_spec
 from course_lib.grading.calls import realise
+from course_lib.grading.compare import describe_difference
 from course_lib.grading.wire import Build, Limits, WireError, decode, encode
 
 
@@ -98,3 +99,37 @@ def test_salts_are_secret_per_student_and_per_submission():
     assert len({a, item_salt(b"k" * 32, "03", "03", "bob", "causal_mask", "v1"),
                 item_salt(b"k" * 32, "03", "03", "ann", "causal_mask", "v2"),
                 item_salt(b"j" * 32, "03", "03", "ann", "causal_mask", "v1")}) == 4
+
+
+@pytest.mark.parametrize("expected,got", [(0.5, float("nan")), (float("nan"), 0.5), (0.0, float("inf")),
+                                          (0.25, torch.tensor(float("nan")))])
+def test_nan_and_infinite_numbers_never_match_a_finite_answer(expected, got):
+    """`abs(nan - x) > tol` is False: a NaN answer once matched every expected number."""
+    assert describe_difference(expected, got) is not None
+    assert describe_difference(float("nan"), float("nan")) is None  # NaN where NaN is expected is right
+
+
+def test_a_process_trees_memory_is_counted_once_per_page():
+    """The sandbox's memory watch sums its processes' proportional set sizes: 400 MB held
+    by a child counts, the same pages shared by its forked grandchild do not count twice."""
+    import subprocess
+    import sys
+    import time
+
+    from autograder.sandbox import process_tree, tree_memory_mb
+
+    code = ("import os, sys, time\nblock = bytearray(400 * 2**20)\nfor i in range(0, len(block), 4096):\n"
+            "    block[i] = 1\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+            "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)\n")
+    before = tree_memory_mb(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        time.sleep(0.2)
+        assert len(process_tree(child.pid)) == 2
+        held = tree_memory_mb(os.getpid()) - before
+        assert 380 < held < 600, held  # once, not twice (800 MB of resident pages)
+    finally:
+        for pid in reversed(process_tree(child.pid)):
+            os.kill(pid, 9)
+        child.wait()

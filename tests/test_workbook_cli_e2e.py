@@ -148,7 +148,10 @@ def test_feedback_shows_results_and_hints_but_no_hidden_tests(graded):
         page = (course.feedback_dir / s.id / a / f"{nb}.html").read_text(encoding="utf-8")
         assert "BEGIN HIDDEN TESTS" not in page and "hidden=True" not in page, s.id
         if s.kind == "correct":
-            assert "checks pass" in page and "visible checks pass" in page
+            # the grader's own report, one line per graded item, with its points
+            for item in builder.items:
+                points = get_spec(item).points
+                assert f"✓ {item}: {points:g}/{points:g} points" in html.unescape(page), (s.id, item)
         if s.kind == "mistake":
             assert html.escape(hint[:40]) in page or hint[:40] in page
         if s.kind == "invalid JSON":

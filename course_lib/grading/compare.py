@@ -7,6 +7,7 @@ dtype, and the first differing entry.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
@@ -79,7 +80,12 @@ def describe_difference(expected: Any, got: Any, names: Sequence[str] = (), what
             got = got.item()
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             return f"{what} should be a number, got {describe_value(got)}."
-        if abs(float(got) - expected) > 1e-8 + 1e-6 * abs(expected):
+        got = float(got)
+        if math.isnan(got) or math.isnan(expected):  # NaN compares False with everything
+            if math.isnan(got) and math.isnan(expected):
+                return None
+            return f"{what}: expected {fmt_num(expected)}, got {fmt_num(got)}."
+        if got != expected and not abs(got - expected) <= 1e-8 + 1e-6 * abs(expected):
             return f"{what}: expected {fmt_num(expected)}, got {fmt_num(got)}."
         return None
     if isinstance(expected, (int, bool)) or expected is None:

@@ -725,7 +725,7 @@ def _describe_accuracy(expected: dict, got) -> str | None:
             return f"the accuracy for {k} shots is a tensor: return a Python float (.item())."
         if not isinstance(g, float):
             return f"the accuracy for {k} shots should be a float, got {_type_name(g)}."
-        if abs(g - e) > 1e-6:
+        if not abs(g - e) <= 1e-6:  # also catches NaN
             return f"the accuracy for {k} shots should be {e:.4f}, got {fmt_num(g)}."
     return None
 

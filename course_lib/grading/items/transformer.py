@@ -1049,7 +1049,7 @@ def _bleu_range(trial) -> None:
         ("no 4-gram in common", [["a", "b", "c", "d"]], [["d", "c", "b", "a"]], 0.0),
     ):
         got = trial.student({"candidates": cands, "references": refs, "max_n": 4}, label)
-        if not isinstance(got, (int, float)) or abs(float(got) - expected) > 1e-9:
+        if not isinstance(got, (int, float)) or not abs(float(got) - expected) <= 1e-9:  # NaN fails
             raise CheckFailed(f"On {label}: expected {fmt_num(expected)}, got {got!r}. BLEU is a number in [0, 1] "
                               "(no smoothing: a zero precision gives 0).")
 
