@@ -19,10 +19,18 @@ def pytest_configure(config):
     config._workbook_times = NOTEBOOK_TIMES
 
 
+GRADED_CLASS_TIMES: dict[str, float] = {}  # "assignment/student" -> seconds in the shared graded run
+
+
 def pytest_terminal_summary(terminalreporter):
     if NOTEBOOK_TIMES:
         terminalreporter.section("notebook wall times")
         for name, seconds in sorted(NOTEBOOK_TIMES.items()):
+            terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
+    if GRADED_CLASS_TIMES:
+        total = sum(GRADED_CLASS_TIMES.values())
+        terminalreporter.section(f"graded class: {len(GRADED_CLASS_TIMES)} submissions, {total:.0f} s of grading")
+        for name, seconds in sorted(GRADED_CLASS_TIMES.items(), key=lambda kv: -kv[1])[:15]:
             terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
 
 
@@ -33,6 +41,7 @@ def graded_class():
     from nbtools import GradedClass
 
     graded = GradedClass()
+    GRADED_CLASS_TIMES.update(graded.submission_seconds)
     yield graded
     graded.close()
 

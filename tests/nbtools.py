@@ -310,12 +310,24 @@ class GradedClass:
             self.log = proc.stdout + proc.stderr
             self.course.workbook("feedback", *sorted(CLASS))
             self._scores = {a: self.course.scores(a) for a in CLASS}
+            self.submission_seconds = self._submission_seconds()
         except BaseException:
             self.course.close()
             raise
 
     def scores(self, assignment: str) -> dict[str, dict[str, float]]:
         return self._scores[assignment]
+
+    def _submission_seconds(self) -> dict[str, float]:
+        """``{"assignment/student": seconds}`` from the run's reports (where the time went)."""
+        out = {}
+        for path in (self.course.root / "grading" / "reports").glob("*/*.json"):
+            if path.name.startswith("_"):
+                continue
+            report = json.loads(path.read_text())
+            seconds = [n.get("seconds") or 0.0 for n in report.get("notebooks", {}).values()]
+            out[f"{path.parent.name}/{path.stem}"] = sum(seconds)
+        return out
 
     def close(self) -> None:
         self.course.close()

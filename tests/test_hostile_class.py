@@ -1044,10 +1044,16 @@ def _attackers(a: str) -> list[str]:
 ALL_ATTACKERS = [(a, s) for a in NOTEBOOKS for s in _attackers(a)]
 
 
+def _graded_sources(nb: nbformat.NotebookNode) -> list[str]:
+    return [c.source.strip() for c in nb.cells if c.cell_type == "code"]
+
+
 def _honest_ids(a: str) -> list[str]:
-    """My honest student and the honest students of the notebook's own suite (when that
-    module is part of the session)."""
-    return (["h_honest"] if a in HONEST_IN else []) + [s for s in ("correct", "alice") if s in CLASS.get(a, {})]
+    """My honest student and the students of the notebook's own suite (when that module
+    is part of the session) whose code is the correct answers, cell for cell."""
+    correct = _graded_sources(filled(a, {}))
+    suite = [s for s, nb in CLASS.get(a, {}).items() if not s.startswith("h_") and _graded_sources(nb) == correct]
+    return (["h_honest"] if a in HONEST_IN else []) + suite
 
 
 def _baseline_of(student: str) -> str:
@@ -1304,6 +1310,12 @@ def test_nothing_leaks_into_the_attackers_feedback(hostile, a, student):
         for where in pages:
             if where == "autograded notebook" and what == "hidden tests":
                 continue  # nbgrader's copy for the instructor holds the test cells, hidden part included
+            if what == "instructor's script tag":
+                # active only as raw HTML in the page; shown as text (escaped) or as the
+                # student's source in the JSON files, a tag is harmless
+                if where == "feedback":
+                    assert needle not in pages[where], f"{a}/{student}: {what} in its {where}"
+                continue
             assert needle not in pages[where] and needle not in unescaped[where], f"{a}/{student}: {what} in its {where}"
 
 
