@@ -7,6 +7,8 @@
     workbook feedback [ASSIGNMENT ...]        per-student HTML (no hidden test code)
     workbook export [-o FILE]                 grades CSV: every notebook and the total
     workbook status [ASSIGNMENT ...]          students × notebooks, with the problems
+    workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
+                                              (--names: show student ids; default: numbered)
 
 Run inside the course folder (the one with nbgrader_config.py) or pass --course.
 """
@@ -82,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="table of students × notebooks")
     p.add_argument("assignments", nargs="*")
+
+    p = sub.add_parser("report", help="what the class got wrong: an offline HTML page with its data")
+    p.add_argument("assignments", nargs="*", help="default: every assignment in the gradebook")
+    p.add_argument("-o", "--output", help="folder (default: grading/class-report)")
+    p.add_argument("--names", action="store_true",
+                   help="show student ids (default: students are numbered, so the page can be shown to the class)")
     return parser
 
 
@@ -201,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
             from .reports import export_csv
             text = export_csv(course, args.output, args.assignments or None)
             print(text, end="")
+            return 0
+        if args.command == "report":
+            from .class_report import write_report
+            page = write_report(course, args.output, args.assignments or None, names=args.names)
+            print(f"class report: {page} (data: report.json and CSV files beside it)")
             return 0
         if args.command == "status":
             from .reports import status_table

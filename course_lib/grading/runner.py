@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -221,7 +222,7 @@ class Trial:
             message = f"On {case.label}: {problem}"
             hint = self.likely_mistake(case, got, expected)
             if hint:
-                message += f"\nLikely cause: {hint}"
+                message += f"\n{LIKELY_CAUSE}{hint}"
             raise CheckFailed(message)
 
 
@@ -236,6 +237,7 @@ class SubResult:
     earned: float
     hidden: bool
     message: str = ""
+    mistake: str = ""  # the likely cause, by name (a catalogued mistake's name when it is one)
 
     @property
     def passed(self) -> bool:
@@ -291,6 +293,22 @@ class Score(float):
         return float.__repr__(self)
 
 
+LIKELY_CAUSE = "Likely cause: "
+
+
+def mistake_named(spec: ItemSpec, message: str) -> str:
+    """The name of the likely cause a failure message gives: the catalogued mistake whose
+    hint it quotes, otherwise the hint's first clause; "" when it names no cause."""
+    _, found, hint = message.partition(LIKELY_CAUSE)
+    if not found:
+        return ""
+    known = [m for m in spec.mistakes if m.hint and m.hint in hint]
+    if known:
+        return max(known, key=lambda m: len(m.hint)).name
+    first = re.split(r"[:.;]\s", hint.strip(), maxsplit=1)[0]
+    return first[:80]
+
+
 def _run_subchecks(spec: ItemSpec, subchecks: Sequence[SubCheck], trial: Trial, result: ItemResult) -> None:
     stopped = False
     begin = getattr(trial.source, "begin", None)
@@ -305,7 +323,8 @@ def _run_subchecks(spec: ItemSpec, subchecks: Sequence[SubCheck], trial: Trial, 
             result.results.append(SubResult(sub.title, sub.points, sub.points, sub.hidden))
         except CheckFailed as failed:
             stopped = failed.stop
-            result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, str(failed)))
+            result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, str(failed),
+                                            mistake_named(spec, str(failed))))
         except ReferenceUsed as used:
             result.reference_used = str(used)
             result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, "not run"))

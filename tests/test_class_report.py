@@ -1,0 +1,185 @@
+"""`workbook report`: what the class got wrong, on a generated class of 30 students with
+planted mistakes (tests/report_class.py), and on the session's graded class."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from autograder.course import Course as GradedCourse
+from browser import CHROMIUM, Chromium
+from nbtools import Course
+from report_class import ASSIGNMENT, UNRECOGNISED, judged, write_class
+from test_nbgrader_03 import SUBMISSIONS  # noqa: F401  (its students join the session's graded class)
+
+
+@pytest.fixture(scope="module")
+def generated():
+    course = Course([ASSIGNMENT])
+    try:
+        course.workbook("release", ASSIGNMENT)
+        students = write_class(GradedCourse(course.root), 30)
+        anonymous = course.root / "out-anonymous"
+        named = course.root / "out-named"
+        course.workbook("report", "-o", str(anonymous))
+        course.workbook("report", "--names", "-o", str(named))
+        yield {"course": course, "students": students, "anonymous": anonymous, "named": named}
+    finally:
+        course.close()
+
+
+def _csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _planted_counts(students) -> Counter:
+    return Counter((item, mistake) for _, item, mistake in students if mistake not in (None, UNRECOGNISED))
+
+
+def test_mistake_counts_are_exactly_the_planted_ones(generated):
+    for out in (generated["anonymous"], generated["named"]):
+        rows = _csv(out / "mistakes.csv")
+        got = {(r["item"], r["mistake"]): int(r["count"]) for r in rows}
+        assert got == dict(_planted_counts(generated["students"]))
+        assert all(r["of"] == "30" for r in rows)
+    page = (generated["anonymous"] / "index.html").read_text()
+    assert re.search(r"masked scores filled with 0</td><td class=\"n\">4 of 30", page)
+    assert re.search(r"no scaling</td><td class=\"n\">5 of 30", page)
+
+
+def test_named_report_lists_the_students_of_each_mistake(generated):
+    data = json.loads((generated["named"] / "report.json").read_text())
+    for row in data["mistakes"]:
+        expected = sorted(s for s, item, m in generated["students"] if (item, m) == (row["item"], row["mistake"]))
+        assert row["students"] == expected, row
+
+
+def test_unrecognised_mistakes_are_shown_apart(generated):
+    rows = _csv(generated["named"] / "unrecognised.csv")
+    unknown = {s for s, _, m in generated["students"] if m == UNRECOGNISED}
+    listed = {s for r in rows if r["item"] == "scaled_dot_product_attention" for s in r["students"].split("; ")}
+    assert unknown <= listed
+    by_title = {r["subcheck"]: r for r in rows if r["item"] == "scaled_dot_product_attention"}
+    hand = next(r for t, r in by_title.items() if "hand example" in t)
+    assert set(hand["students"].split("; ")) == unknown and hand["kind"] == "wrong values"
+    # no catalogued mistake shows under "not recognised" on a sub-check where it was named
+    named = _csv(generated["named"] / "mistakes.csv")
+    assert not {s for r in named for s in r["students"].split("; ")} & set(hand["students"].split("; "))
+    page = (generated["anonymous"] / "index.html").read_text()
+    assert "Not recognised" in page and "wrong values" in page
+
+
+def test_item_credit_and_subchecks_follow_the_judgements(generated):
+    data = json.loads((generated["anonymous"] / "report.json").read_text())
+    a = data["assignments"][ASSIGNMENT]
+    with GradedCourse(generated["course"].root).gradebook() as gb:
+        max_score = gb.find_notebook(ASSIGNMENT, ASSIGNMENT).max_score  # code and written answers
+    assert a["students"] == 30 and a["max_score"] == max_score
+    for item in a["items"]:
+        earned = [_earned(judged(item["item"], m if wrong == item["item"] else None))
+                  for _, wrong, m in generated["students"]]
+        expected = Counter("full" if e >= item["points"] else "none" if e <= 0 else "partial" for e in earned)
+        assert (item["full"], item["partial"], item["none"]) == (expected["full"], expected["partial"],
+                                                                  expected["none"]), item["item"]
+        rates = [s["rate"] for s in item["subchecks"]]
+        assert rates == sorted(rates, reverse=True)
+    sdpa = next(i for i in a["items"] if i["item"] == "scaled_dot_product_attention")
+    worst = sdpa["subchecks"][0]
+    assert worst["failed"] == 4 + 5 + 3 + 3 and worst["of"] == 30  # every wrong sdpa fails the random batch
+    scores = _csv(generated["anonymous"] / "scores.csv")
+    assert sorted(float(r["score"]) for r in scores) == sorted(
+        sum(_earned(judged(i, m if i == wrong else None)) for i in ("scaled_dot_product_attention", "causal_mask",
+                                                                     "padding_mask", "SelfAttention"))
+        for _, wrong, m in generated["students"])
+    assert all(float(r["manual"]) == 0 for r in scores)
+
+
+def _earned(result: dict) -> float:
+    return round(sum(r["earned"] for r in result["results"]), 4)
+
+
+def test_without_names_no_student_id_appears(generated):
+    ids = [s for s, _, _ in generated["students"]]
+    for path in generated["anonymous"].iterdir():
+        text = path.read_text()
+        leaked = [s for s in ids if s in text]
+        assert not leaked, (path.name, leaked[:3])
+    named = "".join(p.read_text() for p in generated["named"].iterdir())
+    assert all(s in named for s in ids)
+
+
+def test_manual_points_are_counted_apart(generated, tmp_path):
+    course = GradedCourse(generated["course"].root)
+    student = generated["students"][0][0]
+    with course.gradebook() as gb:
+        grade = gb.find_grade("test_causal_mask", ASSIGNMENT, ASSIGNMENT, student)
+        before = grade.auto_score
+        grade.manual_score = 0.5
+        gb.db.commit()
+    try:
+        generated["course"].workbook("report", "--names", "-o", str(tmp_path))
+        rows = {r["student"]: r for r in _csv(tmp_path / "scores.csv")}
+        assert float(rows[student]["manual"]) == 0.5
+        assert float(rows[student]["score"]) == pytest.approx(float(rows[student]["auto"]) + 0.5)
+        assert float(rows[student]["auto"]) == pytest.approx(sum(
+            _earned(judged(i, None)) for i in ("scaled_dot_product_attention", "padding_mask", "SelfAttention")))
+    finally:
+        with course.gradebook() as gb:
+            grade = gb.find_grade("test_causal_mask", ASSIGNMENT, ASSIGNMENT, student)
+            grade.manual_score = None
+            assert grade.auto_score == before
+            gb.db.commit()
+
+
+def test_report_without_grades_says_so(tmp_path):
+    course = Course([ASSIGNMENT])
+    try:
+        course.workbook("release", ASSIGNMENT)
+        with pytest.raises(RuntimeError, match="nothing graded yet"):
+            course.workbook("report")
+    finally:
+        course.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")
+def test_page_renders_offline_with_every_plot(generated, tmp_path):
+    page = generated["named"] / "index.html"
+    images = page.read_text().count("<img ")
+    assert images == 3  # the class's mistakes, the scores, the credit per item (one notebook: no heat map)
+    browser = Chromium(width=1200, height=3000)
+    try:
+        browser.send("Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1,
+                     uploadThroughput=-1)
+        browser.navigate(page.as_uri())
+        browser.wait_for("document.readyState === 'complete' && document.images.length > 0", timeout=60)
+        sizes = browser.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
+        assert len(sizes) == images
+        assert all(done and w > 200 and h > 100 for done, w, h in sizes), sizes
+        shot = Path(os.environ.get("WORKBOOK_REPORT_SCREENSHOT", tmp_path / "report.png"))
+        browser.screenshot(shot)
+        assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+        assert not [u for u in browser.requests if u.startswith(("http:", "https:"))], browser.requests
+    finally:
+        browser.close()
+
+
+@pytest.mark.slow
+def test_graded_class_report_names_the_suites_planted_mistakes(graded_class, tmp_path):
+    """On the real graded class: the mistakes notebook 03's suite planted are named."""
+    course = graded_class.course
+    course.workbook("report", "03_self_attention", "--names", "-o", str(tmp_path))
+    rows = {(r["item"], r["mistake"]): r["students"].split("; ") for r in _csv(tmp_path / "mistakes.csv")}
+    expected = {("causal_mask", "upper triangle"): "causal_upper",
+                ("scaled_dot_product_attention", "masked scores filled with 0"): "mask_zero",
+                ("SelfAttention", "scaled by √d_model"): "scale_d_model",
+                ("scaled_dot_product_attention", "softmax over the query axis"): "softmax_queries"}
+    for key, student in expected.items():
+        assert student in rows.get(key, []), (key, rows)
+    assert "correct" not in {s for students in rows.values() for s in students}
