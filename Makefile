@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-fast browser sandbox release check-release clean-grading
+.PHONY: setup lab test test-fast browser sandbox release check-release clean-grading
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 # JupyterLab refuses to start as root unless told to (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+# Only the virtualenv (what ./workbook needs)
+setup: $(STAMP)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)

@@ -187,6 +187,11 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
 def _feedback(course: Course, args: argparse.Namespace) -> int:
     from .feedback import generate_feedback
     assignments = args.assignments or sorted(p.name for p in course.reports_dir.glob("*") if p.is_dir())
+    if not assignments:
+        raise CourseError("nothing graded yet: run `workbook autograde` first")
+    for student in args.student or []:
+        if not any(course.report_path(a, student).is_file() for a in assignments):
+            raise CourseError(f"no graded work of student {student!r} in {', '.join(assignments)}")
     for assignment in assignments:
         written = generate_feedback(course, assignment, args.student)
         print(f"{assignment}: feedback for {len(written)} students in {course.feedback_dir}")
@@ -197,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         course = Course(args.course) if args.course else Course()
+        if args.command in ("autograde", "feedback", "export", "report", "status"):
+            from .reports import check_assignments
+            check_assignments(course, getattr(args, "assignments", None))
         if args.command == "release":
             return _release(course, args)
         if args.command == "collect":

@@ -8,19 +8,49 @@ from pathlib import Path
 
 from nbgrader.api import MissingEntry
 
-from .course import Course, read_json
+from .course import Course, CourseError, read_json
 
-__all__ = ["grade_rows", "export_csv", "status_table", "FLAG_KINDS"]
+__all__ = ["grade_rows", "export_csv", "status_table", "split_points", "check_assignments", "FLAG_KINDS"]
 
 # problems that are for the instructor to look at, not reasons a notebook lost points
 FLAG_KINDS = ("copied_reference", "reference_used")
+
+
+def split_points(submission) -> tuple[float, float, float]:
+    """(automatic, manual, awaiting) points of a submitted notebook: what the autograder
+    set, what a person set (manual score and extra credit), and the maximum points of the
+    answers still waiting for a person (written answers nobody has graded yet)."""
+    auto = manual = awaiting = 0.0
+    for grade in submission.grades:
+        if grade.manual_score is not None or grade.extra_credit is not None:
+            manual += float(grade.manual_score if grade.manual_score is not None else grade.auto_score or 0.0)
+            manual += float(grade.extra_credit or 0.0)
+        elif grade.needs_manual_grade:
+            awaiting += float(grade.max_score or 0.0)
+        else:
+            auto += float(grade.auto_score or 0.0)
+    return auto, manual, awaiting
+
+
+def check_assignments(course: Course, assignments: list[str] | None) -> None:
+    """Raise a one-line CourseError naming what exists when an assignment is unknown."""
+    if not assignments:
+        return
+    with course.gradebook() as gb:
+        known = sorted(a.name for a in gb.assignments)
+    unknown = [a for a in assignments if a not in known]
+    if unknown:
+        raise CourseError(f"unknown assignment{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                          f"the gradebook has: {', '.join(known) or 'none (run `workbook release`)'}")
 
 
 def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[list[str], list[dict]]:
     """(columns, rows): per student, the score of every notebook, and the total.
 
     Columns are ``student``, one ``<assignment>/<notebook>`` per notebook, ``total``,
-    ``max_total``, ``problems`` (the number of problems found while grading),
+    ``max_total``, ``auto`` and ``manual`` (the total's points set by the autograder
+    and by a person), ``awaiting_manual`` (points of written answers nobody has graded
+    yet: the total is not final while it is above 0), ``problems`` (the number of problems found while grading),
     ``unverified`` (notebooks graded with ``--unsafe-no-sandbox``, whose grades are not
     verified) and ``flags`` (items whose solution uses or closely matches course_lib's
     reference, for the instructor to look at).
@@ -29,18 +59,21 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
         assignments = assignments or sorted(a.name for a in gb.assignments)
         notebooks = [(a, nb.name, nb.max_score) for a in assignments
                      for nb in gb.find_assignment(a).notebooks]
-        columns = ["student"] + [f"{a}/{n}" for a, n, _ in notebooks] + ["total", "max_total", "problems",
-                                                                           "unverified", "flags"]
+        columns = ["student"] + [f"{a}/{n}" for a, n, _ in notebooks] + [
+            "total", "max_total", "auto", "manual", "awaiting_manual", "problems", "unverified", "flags"]
         rows = []
         for student in sorted(s.id for s in gb.students):
             row: dict = {"student": student}
-            total = 0.0
+            total = auto = manual = awaiting = 0.0
             problems = 0
             unverified: list[str] = []
             flags: list[str] = []
             for a, n, max_score in notebooks:
                 try:
-                    score = float(gb.find_submission_notebook(n, a, student).score)
+                    submission = gb.find_submission_notebook(n, a, student)
+                    score = float(submission.score)
+                    parts = split_points(submission)
+                    auto, manual, awaiting = auto + parts[0], manual + parts[1], awaiting + parts[2]
                 except MissingEntry:
                     score = 0.0
                 row[f"{a}/{n}"] = score
@@ -54,6 +87,7 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
                           if p["kind"] in FLAG_KINDS]
             row["total"] = total
             row["max_total"] = float(sum(m for _, _, m in notebooks))
+            row.update(auto=auto, manual=manual, awaiting_manual=awaiting)
             row["problems"] = problems
             row["unverified"] = "; ".join(unverified)
             row["flags"] = "; ".join(flags)
@@ -85,6 +119,7 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
         header = ["student"] + [n for _, n in notebooks] + ["total"]
         table = [header]
         notes = []
+        waiting = 0.0
         for student in students:
             line = [student]
             total = max_total = 0.0
@@ -95,6 +130,10 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
                     sub = gb.find_submission_notebook(n, a, student)
                     score, max_score = float(sub.score), float(sub.max_score)
                     cell = f"{score:g}/{max_score:g}"
+                    awaiting = split_points(sub)[2]
+                    if awaiting:
+                        cell += f" ✎{awaiting:g}"
+                        waiting += awaiting
                 except MissingEntry:
                     score, max_score = 0.0, float(gb.find_notebook(n, a).max_score)
                     cell = "—"
@@ -120,6 +159,9 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if waiting:
+        lines += ["", f"✎N: N points of written answers await manual grading ({waiting:g} points in all); totals "
+                  "are not final until a person grades them (nbgrader's Formgrader, or `nbgrader` on the command line)."]
     if notes:
         lines += ["", "Problems (FAILED: nothing could be graded; !N: N problems; UNVERIFIED: graded without the "
                   "sandbox; FLAG: uses or closely matches course_lib's reference):"] + ["  " + n for n in notes]

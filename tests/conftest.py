@@ -46,6 +46,26 @@ def graded_class():
     graded.close()
 
 
+@pytest.fixture(scope="session")
+def generated_class():
+    """Notebook 03 released, 30 generated students with planted mistakes recorded
+    (tests/report_class.py), and ``workbook report`` written without and with names."""
+    from autograder.course import Course as GradedCourse
+    from nbtools import Course
+    from report_class import ASSIGNMENT, write_class
+
+    course = Course([ASSIGNMENT])
+    try:
+        course.workbook("release", ASSIGNMENT)
+        students = write_class(GradedCourse(course.root), 30)
+        anonymous, named = course.root / "out-anonymous", course.root / "out-named"
+        course.workbook("report", "-o", str(anonymous))
+        course.workbook("report", "--names", "-o", str(named))
+        yield {"course": course, "students": students, "anonymous": anonymous, "named": named}
+    finally:
+        course.close()
+
+
 @pytest.fixture
 def cuda():
     """A CUDA device, or skip the test cleanly."""

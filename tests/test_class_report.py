@@ -1,5 +1,5 @@
 """`workbook report`: what the class got wrong, on a generated class of 30 students with
-planted mistakes (tests/report_class.py), and on the session's graded class."""
+planted mistakes (the ``generated_class`` fixture), and on the session's graded class."""
 
 from __future__ import annotations
 
@@ -15,23 +15,8 @@ import pytest
 from autograder.course import Course as GradedCourse
 from browser import CHROMIUM, Chromium
 from nbtools import Course
-from report_class import ASSIGNMENT, UNRECOGNISED, judged, write_class
+from report_class import ASSIGNMENT, UNRECOGNISED, judged
 from test_nbgrader_03 import SUBMISSIONS  # noqa: F401  (its students join the session's graded class)
-
-
-@pytest.fixture(scope="module")
-def generated():
-    course = Course([ASSIGNMENT])
-    try:
-        course.workbook("release", ASSIGNMENT)
-        students = write_class(GradedCourse(course.root), 30)
-        anonymous = course.root / "out-anonymous"
-        named = course.root / "out-named"
-        course.workbook("report", "-o", str(anonymous))
-        course.workbook("report", "--names", "-o", str(named))
-        yield {"course": course, "students": students, "anonymous": anonymous, "named": named}
-    finally:
-        course.close()
 
 
 def _csv(path: Path) -> list[dict]:
@@ -43,48 +28,48 @@ def _planted_counts(students) -> Counter:
     return Counter((item, mistake) for _, item, mistake in students if mistake not in (None, UNRECOGNISED))
 
 
-def test_mistake_counts_are_exactly_the_planted_ones(generated):
-    for out in (generated["anonymous"], generated["named"]):
+def test_mistake_counts_are_exactly_the_planted_ones(generated_class):
+    for out in (generated_class["anonymous"], generated_class["named"]):
         rows = _csv(out / "mistakes.csv")
         got = {(r["item"], r["mistake"]): int(r["count"]) for r in rows}
-        assert got == dict(_planted_counts(generated["students"]))
+        assert got == dict(_planted_counts(generated_class["students"]))
         assert all(r["of"] == "30" for r in rows)
-    page = (generated["anonymous"] / "index.html").read_text()
+    page = (generated_class["anonymous"] / "index.html").read_text()
     assert re.search(r"masked scores filled with 0</td><td class=\"n\">4 of 30", page)
     assert re.search(r"no scaling</td><td class=\"n\">5 of 30", page)
 
 
-def test_named_report_lists_the_students_of_each_mistake(generated):
-    data = json.loads((generated["named"] / "report.json").read_text())
+def test_named_report_lists_the_students_of_each_mistake(generated_class):
+    data = json.loads((generated_class["named"] / "report.json").read_text())
     for row in data["mistakes"]:
-        expected = sorted(s for s, item, m in generated["students"] if (item, m) == (row["item"], row["mistake"]))
+        expected = sorted(s for s, item, m in generated_class["students"] if (item, m) == (row["item"], row["mistake"]))
         assert row["students"] == expected, row
 
 
-def test_unrecognised_mistakes_are_shown_apart(generated):
-    rows = _csv(generated["named"] / "unrecognised.csv")
-    unknown = {s for s, _, m in generated["students"] if m == UNRECOGNISED}
+def test_unrecognised_mistakes_are_shown_apart(generated_class):
+    rows = _csv(generated_class["named"] / "unrecognised.csv")
+    unknown = {s for s, _, m in generated_class["students"] if m == UNRECOGNISED}
     listed = {s for r in rows if r["item"] == "scaled_dot_product_attention" for s in r["students"].split("; ")}
     assert unknown <= listed
     by_title = {r["subcheck"]: r for r in rows if r["item"] == "scaled_dot_product_attention"}
     hand = next(r for t, r in by_title.items() if "hand example" in t)
     assert set(hand["students"].split("; ")) == unknown and hand["kind"] == "wrong values"
     # no catalogued mistake shows under "not recognised" on a sub-check where it was named
-    named = _csv(generated["named"] / "mistakes.csv")
+    named = _csv(generated_class["named"] / "mistakes.csv")
     assert not {s for r in named for s in r["students"].split("; ")} & set(hand["students"].split("; "))
-    page = (generated["anonymous"] / "index.html").read_text()
+    page = (generated_class["anonymous"] / "index.html").read_text()
     assert "Not recognised" in page and "wrong values" in page
 
 
-def test_item_credit_and_subchecks_follow_the_judgements(generated):
-    data = json.loads((generated["anonymous"] / "report.json").read_text())
+def test_item_credit_and_subchecks_follow_the_judgements(generated_class):
+    data = json.loads((generated_class["anonymous"] / "report.json").read_text())
     a = data["assignments"][ASSIGNMENT]
-    with GradedCourse(generated["course"].root).gradebook() as gb:
+    with GradedCourse(generated_class["course"].root).gradebook() as gb:
         max_score = gb.find_notebook(ASSIGNMENT, ASSIGNMENT).max_score  # code and written answers
     assert a["students"] == 30 and a["max_score"] == max_score
     for item in a["items"]:
         earned = [_earned(judged(item["item"], m if wrong == item["item"] else None))
-                  for _, wrong, m in generated["students"]]
+                  for _, wrong, m in generated_class["students"]]
         expected = Counter("full" if e >= item["points"] else "none" if e <= 0 else "partial" for e in earned)
         assert (item["full"], item["partial"], item["none"]) == (expected["full"], expected["partial"],
                                                                   expected["none"]), item["item"]
@@ -93,11 +78,11 @@ def test_item_credit_and_subchecks_follow_the_judgements(generated):
     sdpa = next(i for i in a["items"] if i["item"] == "scaled_dot_product_attention")
     worst = sdpa["subchecks"][0]
     assert worst["failed"] == 4 + 5 + 3 + 3 and worst["of"] == 30  # every wrong sdpa fails the random batch
-    scores = _csv(generated["anonymous"] / "scores.csv")
+    scores = _csv(generated_class["anonymous"] / "scores.csv")
     assert sorted(float(r["score"]) for r in scores) == sorted(
         sum(_earned(judged(i, m if i == wrong else None)) for i in ("scaled_dot_product_attention", "causal_mask",
                                                                      "padding_mask", "SelfAttention"))
-        for _, wrong, m in generated["students"])
+        for _, wrong, m in generated_class["students"])
     assert all(float(r["manual"]) == 0 for r in scores)
 
 
@@ -105,26 +90,26 @@ def _earned(result: dict) -> float:
     return round(sum(r["earned"] for r in result["results"]), 4)
 
 
-def test_without_names_no_student_id_appears(generated):
-    ids = [s for s, _, _ in generated["students"]]
-    for path in generated["anonymous"].iterdir():
+def test_without_names_no_student_id_appears(generated_class):
+    ids = [s for s, _, _ in generated_class["students"]]
+    for path in generated_class["anonymous"].iterdir():
         text = path.read_text()
         leaked = [s for s in ids if s in text]
         assert not leaked, (path.name, leaked[:3])
-    named = "".join(p.read_text() for p in generated["named"].iterdir())
+    named = "".join(p.read_text() for p in generated_class["named"].iterdir())
     assert all(s in named for s in ids)
 
 
-def test_manual_points_are_counted_apart(generated, tmp_path):
-    course = GradedCourse(generated["course"].root)
-    student = generated["students"][0][0]
+def test_manual_points_are_counted_apart(generated_class, tmp_path):
+    course = GradedCourse(generated_class["course"].root)
+    student = generated_class["students"][0][0]
     with course.gradebook() as gb:
         grade = gb.find_grade("test_causal_mask", ASSIGNMENT, ASSIGNMENT, student)
         before = grade.auto_score
         grade.manual_score = 0.5
         gb.db.commit()
     try:
-        generated["course"].workbook("report", "--names", "-o", str(tmp_path))
+        generated_class["course"].workbook("report", "--names", "-o", str(tmp_path))
         rows = {r["student"]: r for r in _csv(tmp_path / "scores.csv")}
         assert float(rows[student]["manual"]) == 0.5
         assert float(rows[student]["score"]) == pytest.approx(float(rows[student]["auto"]) + 0.5)
@@ -149,8 +134,8 @@ def test_report_without_grades_says_so(tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")
-def test_page_renders_offline_with_every_plot(generated, tmp_path):
-    page = generated["named"] / "index.html"
+def test_page_renders_offline_with_every_plot(generated_class, tmp_path):
+    page = generated_class["named"] / "index.html"
     images = page.read_text().count("<img ")
     assert images == 3  # the class's mistakes, the scores, the credit per item (one notebook: no heat map)
     browser = Chromium(width=1200, height=3000)
