@@ -168,3 +168,30 @@ def test_graded_class_report_names_the_suites_planted_mistakes(graded_class, tmp
     for key, student in expected.items():
         assert student in rows.get(key, []), (key, rows)
     assert "correct" not in {s for students in rows.values() for s in students}
+
+
+def test_several_assignments_get_a_heat_map_weakest_first():
+    """Pure: two notebooks, three students; the heat map has a row per student (the
+    weakest first, grey where nothing was handed in) and a column per notebook."""
+    from autograder.class_report import Grading, render_html, summarize
+
+    def g(assignment, student, score, items=None):
+        return Grading(assignment, assignment, student, score, 10.0, score, 0.0,
+                       {"test_x": (score, 10.0)}, "graded", [], items or {})
+
+    wrong = {"x": {"item": "x", "graded": True, "total_points": 10.0, "reference_used": "", "notes": [],
+                   "results": [{"title": "t", "points": 10.0, "earned": 0.0, "hidden": False,
+                                "message": "On x: `out` has shape (2,), expected (3,).", "mistake": ""}]}}
+    gradings = [g("01_a", "id_ann_71", 10), g("02_b", "id_ann_71", 9), g("01_a", "id_bob_72", 0, wrong),
+                g("01_a", "id_cy_73", 5)]
+    data = summarize(gradings, names=False)
+    heat = data["heatmap"]
+    assert heat["columns"] == ["01_a", "02_b"]
+    assert [r["shares"] for r in heat["rows"]] == [[0.0, None], [0.5, None], [1.0, 0.9]]
+    assert [r["student"] for r in heat["rows"]] == ["student 1", "student 2", "student 3"]
+    unknown = data["assignments"]["01_a"]["unrecognised"]
+    assert [(u["item"], u["kind"], u["count"], u["of"]) for u in unknown] == [("x", "wrong shape", 1, 3)]
+    page = render_html(data)
+    # the heat map, and per notebook its scores and credit per item (no named mistake: no bar chart)
+    assert page.count("<img ") == 1 + 2 * 2 and "Who is falling behind" in page
+    assert not any(name in page for name in ("id_ann_71", "id_bob_72", "id_cy_73"))
