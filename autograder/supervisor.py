@@ -659,7 +659,7 @@ def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandb
                 report, score, max_score = format_report(result), round(result.score, 4), float(result.total_points)
             cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": report + "\n"},
                                {"output_type": "execute_result", "execution_count": None,
-                                "data": {"text/plain": repr(float(score))}, "metadata": {}}]
+                                "data": {"text/plain": f"{score:g} / {max_score:g} points"}, "metadata": {}}]
             cell["execution_count"] = None
             cells_out.append({"grade_id": gid, "score": score, "max_score": max_score,
                               "error": _not_checked(result)})

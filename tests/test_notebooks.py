@@ -22,6 +22,8 @@ def test_solution_notebook_runs_with_full_points(assignment):
         gid = c.metadata.nbgrader.grade_id
         points = float(c.metadata.nbgrader.points)
         assert result(c) is not None and float(result(c)) == points, f"{gid}: {text(c)}"
+        shown = next(o.data.get("text/markdown") for o in c.outputs if o.output_type == "execute_result")
+        assert shown == f"**{points:g} / {points:g} points**", shown  # what JupyterLab shows
         assert stderr(c) == "", f"{gid} wrote to stderr: {stderr(c)}"
 
 

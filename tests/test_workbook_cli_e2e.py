@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from autograder.cli import main
@@ -152,6 +153,13 @@ def test_feedback_shows_results_and_hints_but_no_hidden_tests(graded):
             for item in builder.items:
                 points = get_spec(item).points
                 assert f"✓ {item}: {points:g}/{points:g} points" in html.unescape(page), (s.id, item)
+            # and the test cell's result says what it is
+            graded_nb = nbformat.read(str(course.autograded_path(s.id, a, nb)), as_version=4)
+            shown = [o.data["text/plain"] for c in graded_nb.cells if c.cell_type == "code"
+                     for o in c.get("outputs", []) if o.output_type == "execute_result"
+                     and c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("test_")]
+            full = [f"{get_spec(i).points:g} / {get_spec(i).points:g} points" for i in builder.items]
+            assert sorted(shown) == sorted(full), (s.id, shown)
         if s.kind == "mistake":
             assert html.escape(hint[:40]) in page or hint[:40] in page
         if s.kind == "invalid JSON":

@@ -292,6 +292,10 @@ class Score(float):
     def __repr__(self) -> str:
         return float.__repr__(self)
 
+    def _repr_markdown_(self) -> str:
+        """What JupyterLab shows below a test cell (nbgrader reads the plain number)."""
+        return f"**{float(self):g} / {self.result.total_points:g} points**"
+
 
 LIKELY_CAUSE = "Likely cause: "
 
