@@ -103,6 +103,8 @@ def _read_roster(path: str) -> set[str]:
         if key is None:
             raise CourseError(f"{path}: a CSV roster needs an 'id' column")
         return {r[key].strip() for r in rows if r[key].strip()}
+    if lines and lines[0].lower() in ("id", "student_id", "student", "username"):
+        lines = lines[1:]  # a one-column roster's header
     return set(lines)
 
 

@@ -5,10 +5,14 @@ Two sources are understood:
 - an nbgrader-style folder ``<student>/<assignment>/<notebook>.ipynb`` (also with the
   assignment folder left out: ``<student>/<notebook>.ipynb``);
 - an LMS download (a folder or a ``.zip``) with one file per student, a notebook or a
-  zip of the student's files, the student id in the file name. With a roster (the
-  gradebook's students or ``--roster``) the id is the name part that is on the
-  roster; otherwise ``--pattern`` (a regular expression with a ``student`` group,
-  default: the name up to the first ``_``) finds it.
+  zip of the student's files, the student id in the file name. With ``--roster`` the
+  id is the name part that is on the roster, and only the roster's students are
+  imported; without it the gradebook's students are looked for the same way, and a
+  name with none of them (a new student) goes to ``--pattern`` (a regular expression
+  with a ``student`` group, default: the name up to the first ``_``).
+
+A notebook that is not valid JSON (truncated, damaged) is imported with a note saying
+so: it scores 0 unless a readable copy is collected.
 
 A notebook whose name is not the assignment's is identified by its graded cells
 (a renamed copy such as ``attention (1).ipynb``) and the renaming is recorded for
@@ -116,12 +120,22 @@ def _grade_ids(data: bytes) -> set[str]:
     return ids
 
 
+def _is_notebook_json(data: bytes) -> bool:
+    try:
+        nb = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(nb, dict) and ("cells" in nb or "worksheets" in nb)
+
+
 class _Matcher:
     """Finds the student and the notebook that a file belongs to."""
 
-    def __init__(self, course: Course, assignment: str, roster: set[str], pattern: str | None) -> None:
+    def __init__(self, course: Course, assignment: str, roster: set[str], pattern: str | None,
+                 strict: bool = True) -> None:
         self.assignment = assignment
         self.roster = roster
+        self.strict = strict  # an explicit roster: only its students are imported
         self.pattern = re.compile(pattern or DEFAULT_PATTERN)
         if "student" not in self.pattern.groupindex:
             raise CourseError(f"--pattern {self.pattern.pattern!r} needs a (?P<student>...) group")
@@ -135,13 +149,15 @@ class _Matcher:
         """The student id in a file name (raises ValueError with the reason)."""
         base = PurePosixPath(name).name
         if self.roster:
-            tokens = set(re.split(r"[_\-\s.()\[\]]+", str(PurePosixPath(name).with_suffix(""))))
+            tokens = set(re.split(r"[_\-\s.()\[\]/]+", str(PurePosixPath(name).with_suffix(""))))
             found = sorted(tokens & self.roster)
             if len(found) == 1:
                 return found[0]
             if found:
                 raise ValueError(f"{name}: the name matches several students ({', '.join(found)})")
-            raise ValueError(f"{name}: unrecognised student id (no part of the name is on the roster)")
+            if self.strict:
+                raise ValueError(f"{name}: unrecognised student id (no part of the name is on the roster)")
+            # the gradebook's students are only a hint: a new student is found by the pattern
         m = self.pattern.search(base) or self.pattern.search(name)
         if not m or not m.group("student"):
             raise ValueError(f"{name}: unrecognised file name (no student id matches "
@@ -193,10 +209,11 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
                               f"released: {', '.join(sorted(known)) or 'none'}")
     if assignment not in known:
         raise CourseError(f"unknown assignment {assignment!r}; released: {', '.join(sorted(known)) or 'none'}")
+    strict = bool(roster)  # an explicit roster restricts; the gradebook's students only help find ids
     if roster is None:
         with course.gradebook() as gb:
             roster = {s.id for s in gb.students}
-    matcher = _Matcher(course, assignment, roster, pattern)
+    matcher = _Matcher(course, assignment, roster, pattern, strict=strict)
 
     # student -> notebook -> (file name, data, note); other files per student
     chosen: dict[str, dict[str, tuple[str, bytes, str]]] = {}
@@ -212,12 +229,13 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
         parts = PurePosixPath(item.name).parts
         layout = layout_assignment(item.name)
         try:
-            if layout is not None or (len(parts) == 2 and not roster and not pattern):
+            student_folder = len(parts) == 2 and (parts[0] in roster if strict else not pattern)
+            if layout is not None or student_folder:  # <student>/[<assignment>/]<file>
                 if layout is not None and layout != assignment:
                     result.ignored.append(f"{item.name}: belongs to assignment {layout}")
                     continue
                 student = parts[0]
-                if roster and student not in roster:
+                if strict and student not in roster:
                     raise ValueError(f"{item.name}: unrecognised student id {student!r} (not on the roster)")
             else:
                 student = matcher.student(item.name)
@@ -228,6 +246,9 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
                     extras.setdefault(student, []).append(member)
                     continue
                 notebook, note = matcher.notebook(member.name, member.data)
+                if not _is_notebook_json(member.data):
+                    note = (f"{member.name} (as {notebook}.ipynb) is not valid notebook JSON (truncated or "
+                            "damaged?): it was imported and scores 0 unless a readable copy is collected")
                 slot = chosen.setdefault(student, {})
                 if notebook in slot:
                     clashes.add((student, notebook))
@@ -250,7 +271,8 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
         notes = []
         for notebook, (name, data, note) in sorted(slot.items()):
             if note:
-                notes.append({"kind": "renamed", "message": note, "cell": ""})
+                kind = "invalid_notebook" if "not valid notebook JSON" in note else "renamed"
+                notes.append({"kind": kind, "message": note, "cell": ""})
             if not dry_run:
                 dest.mkdir(parents=True, exist_ok=True)
                 (dest / f"{notebook}.ipynb").write_bytes(data)

@@ -97,6 +97,55 @@ def test_collect_rejects_unknown_assignment(course, tmp_path):
         collect(course, tmp_path / "x", "nope", roster=set())
 
 
+def test_collect_again_after_grading_takes_new_students(course, tmp_path):
+    """The gradebook's students (there after a first collect and autograde) help find ids
+    but never turn a new student away."""
+    with course.gradebook() as gb:
+        gb.update_or_create_student("s1")
+    lms = tmp_path / "lms"
+    lms.mkdir()
+    (lms / f"Smith_s1_{A}.ipynb").write_bytes(released(course))  # known: found by the gradebook
+    (lms / f"newcomer_{A}.ipynb").write_bytes(released(course))  # new: found by the default pattern
+    result = collect(course, lms, A)
+    assert result.ok, result.errors
+    assert sorted(result.imported) == ["newcomer", "s1"]
+    folders = tmp_path / "folders"
+    (folders / "latecomer").mkdir(parents=True)
+    (folders / "latecomer" / f"{A}.ipynb").write_bytes(released(course))
+    result = collect(course, folders, A)
+    assert result.ok and result.imported == {"latecomer": [A]}, result.errors
+
+
+def test_collect_student_folders_with_a_roster(course, tmp_path):
+    src = tmp_path / "src"
+    for student in ("alice", "mallory"):
+        (src / student).mkdir(parents=True)
+        (src / student / f"{A}.ipynb").write_bytes(released(course))
+    result = collect(course, src, A, roster={"alice", "bob"})
+    assert result.imported == {"alice": [A]}
+    assert result.errors == [f"mallory/{A}.ipynb: unrecognised student id (no part of the name is on the roster)"]
+
+
+def test_a_one_column_roster_has_no_header_student(tmp_path):
+    from autograder.cli import _read_roster
+    for header in ("id", "Student", "username"):
+        (tmp_path / "roster.txt").write_text(f"{header}\nalice\nbob\n")
+        assert _read_roster(str(tmp_path / "roster.txt")) == {"alice", "bob"}
+    (tmp_path / "roster.txt").write_text("alice\nbob\n")
+    assert _read_roster(str(tmp_path / "roster.txt")) == {"alice", "bob"}
+
+
+def test_a_truncated_notebook_is_collected_with_a_note(course, tmp_path):
+    lms = tmp_path / "lms"
+    lms.mkdir()
+    (lms / f"s1_{A}.ipynb").write_bytes(released(course)[:5000])
+    result = collect(course, lms, A, roster={"s1"})
+    assert result.imported == {"s1": [A]}
+    assert [n["kind"] for n in result.notes["s1"]] == ["invalid_notebook"]
+    assert "not valid notebook JSON" in result.notes["s1"][0]["message"]
+    assert f"{A}.ipynb" in result.notes["s1"][0]["message"]  # autograde shows it for that notebook
+
+
 def test_read_submission_reasons(tmp_path):
     good = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
     path = tmp_path / "nb.ipynb"
