@@ -39,8 +39,8 @@ import nbformat
 from nbformat import NotebookNode
 from nbgrader import utils as nbutils
 from nbgrader.api import Gradebook
-from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells,
-                                    OverwriteKernelspec, SaveAutoGrades)
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds,
+                                    OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
 from traitlets.config import Config
 
 from .course import Course, CourseError, read_json, write_json_atomic
@@ -525,6 +525,9 @@ def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | Non
                      "workbook_scores": scores}
         _zero_grades(gb, n, a, s, keep=set())
         TrustedAutoGrades(config=course.config, log=_QUIET).preprocess(nb, resources)
+        # late work: nbgrader's own penalty step (LateSubmissionPlugin, configurable in
+        # nbgrader_config.py), from the assignment's due date and the submission's timestamp
+        AssignLatePenalties(config=course.config, log=_QUIET).preprocess(nb, resources)
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, str(target))
         folder = course.submission_dir(s, a)

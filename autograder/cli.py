@@ -7,6 +7,7 @@
     workbook feedback [ASSIGNMENT ...]        per-student HTML (no hidden test code)
     workbook export [-o FILE]                 grades CSV: every notebook and the total
     workbook status [ASSIGNMENT ...]          students × notebooks, with the problems
+    workbook due [ASSIGNMENT [DATE]]          show or set due dates (late work: nbgrader's penalty)
     workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
                                               (--names: show student ids; default: numbered)
 
@@ -84,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="table of students × notebooks")
     p.add_argument("assignments", nargs="*")
+
+    p = sub.add_parser("due", help="show the due dates, or set one (late work is marked, and penalised as "
+                                   "nbgrader_config.py says)")
+    p.add_argument("assignment", nargs="?")
+    p.add_argument("date", nargs="?", help='e.g. "2026-12-01 23:59 Europe/Berlin" (UTC when no zone is given); '
+                                           '"none" removes it')
 
     p = sub.add_parser("report", help="what the class got wrong: an offline HTML page with its data")
     p.add_argument("assignments", nargs="*", help="default: every assignment in the gradebook")
@@ -200,6 +207,28 @@ def _feedback(course: Course, args: argparse.Namespace) -> int:
     return 0
 
 
+def _due(course: Course, args: argparse.Namespace) -> int:
+    from nbgrader.utils import parse_utc
+    from .reports import check_assignments
+    check_assignments(course, [args.assignment] if args.assignment else None)
+    with course.gradebook() as gb:
+        if args.date is not None:
+            if args.date.lower() == "none":
+                when = None
+            else:
+                try:
+                    when = parse_utc(args.date)
+                except (ValueError, OverflowError) as exc:
+                    raise CourseError(f"cannot read the date {args.date!r} ({exc}); "
+                                      'write it like "2026-12-01 23:59 Europe/Berlin"') from None
+            gb.update_or_create_assignment(args.assignment, duedate=when)
+        names = [args.assignment] if args.assignment else sorted(a.name for a in gb.assignments)
+        for name in names:
+            due = gb.find_assignment(name).duedate
+            print(f"{name}: {'due ' + due.strftime('%Y-%m-%d %H:%M UTC') if due else 'no due date'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -220,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             text = export_csv(course, args.output, args.assignments or None)
             print(text, end="")
             return 0
+        if args.command == "due":
+            return _due(course, args)
         if args.command == "report":
             from .class_report import write_report
             page = write_report(course, args.output, args.assignments or None, names=args.names)

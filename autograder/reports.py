@@ -32,6 +32,15 @@ def split_points(submission) -> tuple[float, float, float]:
     return auto, manual, awaiting
 
 
+def late_words(seconds: float) -> str:
+    """How late, in words: "2 d 3 h", "5 h 10 min", "12 min"."""
+    minutes = int(seconds // 60)
+    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
+    if days:
+        return f"{days} d {hours} h"
+    return f"{hours} h {minutes} min" if hours else f"{max(minutes, 1)} min"
+
+
 def check_assignments(course: Course, assignments: list[str] | None) -> None:
     """Raise a one-line CourseError naming what exists when an assignment is unknown."""
     if not assignments:
@@ -50,7 +59,10 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
     Columns are ``student``, one ``<assignment>/<notebook>`` per notebook, ``total``,
     ``max_total``, ``auto`` and ``manual`` (the total's points set by the autograder
     and by a person), ``awaiting_manual`` (points of written answers nobody has graded
-    yet: the total is not final while it is above 0), ``problems`` (the number of problems found while grading),
+    yet: the total is not final while it is above 0), ``late`` (the assignments handed
+    in after their due date, and by how much), ``late_penalty`` (the points taken off
+    by nbgrader's late-submission plugin: notebook scores and the total are after it),
+    ``problems`` (the number of problems found while grading),
     ``unverified`` (notebooks graded with ``--unsafe-no-sandbox``, whose grades are not
     verified) and ``flags`` (items whose solution uses or closely matches course_lib's
     reference, for the instructor to look at).
@@ -60,18 +72,29 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
         notebooks = [(a, nb.name, nb.max_score) for a in assignments
                      for nb in gb.find_assignment(a).notebooks]
         columns = ["student"] + [f"{a}/{n}" for a, n, _ in notebooks] + [
-            "total", "max_total", "auto", "manual", "awaiting_manual", "problems", "unverified", "flags"]
+            "total", "max_total", "auto", "manual", "awaiting_manual", "late", "late_penalty", "problems",
+            "unverified", "flags"]
         rows = []
         for student in sorted(s.id for s in gb.students):
             row: dict = {"student": student}
-            total = auto = manual = awaiting = 0.0
+            total = auto = manual = awaiting = penalty = 0.0
+            late: list[str] = []
+            for a in assignments:
+                try:
+                    seconds = gb.find_submission(a, student).total_seconds_late
+                except MissingEntry:
+                    seconds = 0
+                if seconds > 0:
+                    late.append(f"{a}: {late_words(seconds)}")
             problems = 0
             unverified: list[str] = []
             flags: list[str] = []
             for a, n, max_score in notebooks:
                 try:
                     submission = gb.find_submission_notebook(n, a, student)
-                    score = float(submission.score)
+                    taken = float(submission.late_submission_penalty or 0.0)
+                    score = float(submission.score) - taken
+                    penalty += taken
                     parts = split_points(submission)
                     auto, manual, awaiting = auto + parts[0], manual + parts[1], awaiting + parts[2]
                 except MissingEntry:
@@ -87,7 +110,7 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
                           if p["kind"] in FLAG_KINDS]
             row["total"] = total
             row["max_total"] = float(sum(m for _, _, m in notebooks))
-            row.update(auto=auto, manual=manual, awaiting_manual=awaiting)
+            row.update(auto=auto, manual=manual, awaiting_manual=awaiting, late="; ".join(late), late_penalty=penalty)
             row["problems"] = problems
             row["unverified"] = "; ".join(unverified)
             row["flags"] = "; ".join(flags)
@@ -128,8 +151,12 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
                 record = report.get("notebooks", {}).get(n)
                 try:
                     sub = gb.find_submission_notebook(n, a, student)
-                    score, max_score = float(sub.score), float(sub.max_score)
+                    taken = float(sub.late_submission_penalty or 0.0)
+                    score, max_score = float(sub.score) - taken, float(sub.max_score)
                     cell = f"{score:g}/{max_score:g}"
+                    seconds = gb.find_submission(a, student).total_seconds_late
+                    if seconds > 0:
+                        cell += f" LATE {late_words(seconds).replace(' ', '')}" + (f" (-{taken:g})" if taken else "")
                     awaiting = split_points(sub)[2]
                     if awaiting:
                         cell += f" ✎{awaiting:g}"
@@ -159,6 +186,9 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if any(" LATE " in c for r in table for c in r):
+        lines += ["", "LATE: handed in after the due date (`workbook due`); (-N): N points taken off by nbgrader's "
+                  "late-submission plugin (LateSubmissionPlugin.penalty_method in nbgrader_config.py)."]
     if waiting:
         lines += ["", f"✎N: N points of written answers await manual grading ({waiting:g} points in all); totals "
                   "are not final until a person grades them (nbgrader's Formgrader, or `nbgrader` on the command line)."]
