@@ -20,8 +20,10 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Only the virtualenv (what ./workbook needs)
 setup: $(STAMP)
 
+# Opens JupyterLab on work/ (your copies of notebooks/, made on first use, never
+# overwritten). JupyterLab options: make lab LAB_ARGS="--port 8890 --no-browser"
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)
+	$(BIN)/python -m course_lib.workspace $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(STAMP) browser sandbox
 	$(BIN)/python -m pytest
