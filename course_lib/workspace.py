@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["sync", "running_server", "main"]
+__all__ = ["sync", "running_server", "lab_command", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = ".course-versions.json"  # notebook -> the course versions (sha256) copied or offered
@@ -84,6 +84,18 @@ def running_server(work: Path) -> dict | None:
     return None
 
 
+LAB_CONFIG = Path(__file__).resolve().parent / "lab_config"  # what students see of the tools
+
+
+def lab_command(work: Path, lab_args: list[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the student's JupyterLab on ``work``: nbgrader's instructor
+    and validation extensions are off (``lab_config/``), and there is no news prompt or
+    update check."""
+    env = dict(os.environ)
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (str(LAB_CONFIG), env.get("JUPYTER_CONFIG_PATH")) if p)
+    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={work}", *lab_args], env
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.workspace", description=__doc__.split("\n\n")[0])
     parser.add_argument("--notebooks", default=str(REPO / "notebooks"), help="the course's notebooks")
@@ -97,9 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         token = f"?token={server['token']}" if server.get("token") else ""
         print(f"JupyterLab is already open on {work}: {server['url'].rstrip('/')}/lab{token}")
         return 0
-    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={work}", "--LabApp.news_url=",
-               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", *lab_args]
-    os.execv(sys.executable, command)
+    command, env = lab_command(work, lab_args)
+    os.execve(sys.executable, command, env)
     return 0  # not reached
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import websocket
 
-from nbtools import PYTHON_BIN, kernel_env
+from course_lib.workspace import lab_command
+from nbtools import kernel_env
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -50,14 +51,13 @@ class JupyterLab:
         self.port = free_port()
         self.token = "workbook-test-token"
         self.log = tempfile.TemporaryFile()
-        env = kernel_env()
+        # started the way `make lab` starts it (course_lib.workspace), on this folder
+        command, env = lab_command(folder, ["--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
+                                            f"--IdentityProvider.token={self.token}",
+                                            "--LabApp.expose_app_in_browser=True", "--allow-root"])
+        env.update({k: v for k, v in kernel_env().items() if k not in ("JUPYTER_CONFIG_PATH",)})
         env["JUPYTER_CONFIG_DIR"] = tempfile.mkdtemp(prefix="workbook-jupyter-config-")
-        self.process = subprocess.Popen(
-            [str(PYTHON_BIN / "jupyter"), "lab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
-             f"--IdentityProvider.token={self.token}", "--LabApp.expose_app_in_browser=True",
-             f"--ServerApp.root_dir={folder}", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
-             "jupyterlab.NeverCheckForUpdate", "--allow-root"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         wait_for_http(f"http://127.0.0.1:{self.port}/api/status?token={self.token}", timeout=90)
 
     def url(self, path: str) -> str:

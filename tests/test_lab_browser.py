@@ -115,3 +115,20 @@ def test_page_only_talks_to_the_local_server(lab_page):
               if not u.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "about:"))]
     assert browser.requests, "no requests were recorded"
     assert remote == [], f"the page tried to reach the network: {remote[:5]}"
+
+
+def test_students_see_no_instructor_tools(lab_page):
+    """`make lab` opens JupyterLab without nbgrader's instructor and validation extensions
+    (no Formgrader, no course or assignment lists, no Validate button claiming partial
+    credit for untouched stubs), and the server does not serve the Formgrader."""
+    browser, folder = lab_page
+    plugins = browser.evaluate("['@jupyter/nbgrader:formgrader', '@jupyter/nbgrader:create-assignment', "
+                               "'@jupyter/nbgrader:validate-assignment', '@jupyter/nbgrader:assignment-list']"
+                               ".filter(p => window.jupyterapp.hasPlugin(p))")
+    assert plugins == []
+    menus = browser.evaluate("document.querySelector('.lm-MenuBar').textContent")
+    assert "File" in menus and "Nbgrader" not in menus and "Formgrader" not in menus
+    toolbar = browser.evaluate(f"{PANEL}.toolbar.node.textContent")
+    assert "Validate" not in toolbar
+    status = browser.evaluate("fetch('/formgrader').then(r => r.status)")
+    assert status == 404
