@@ -2,7 +2,8 @@
 
 - ``execute(path)`` runs a notebook top to bottom in a fresh kernel (working directory
   outside the repository) and returns the executed notebook and its wall time.
-- ``cell(nb, grade_id)``, ``text(cell)``, ``result(cell)`` read what a cell printed.
+- ``cell(nb, grade_id)``, ``text(cell)``, ``result(cell)`` read what a cell printed;
+  ``all_text(nb)`` what the whole notebook printed.
 - ``Course`` is a throw-away nbgrader course: the repository's solutions are copied in,
   ``generate()`` releases them, ``submit(student, notebook)`` adds a submission,
   ``autograde()`` grades everything with the real nbgrader command line, ``scores()``
@@ -103,6 +104,11 @@ def errors(nb) -> list[str]:
             if o.output_type == "error":
                 out.append(f"cell {i}: {o.ename}: {o.evalue}")
     return out
+
+
+def all_text(nb) -> str:
+    """Everything the code cells of an executed notebook printed."""
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
 def result(c) -> str | None:

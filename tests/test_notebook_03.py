@@ -6,18 +6,14 @@ import re
 
 import pytest
 
-from nbtools import executed_solution
+from nbtools import all_text, executed_solution
 
 pytestmark = pytest.mark.slow
 
 
-def _all_text(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-
-
 def test_demonstrations_show_what_the_text_claims():
     nb, seconds = executed_solution("03_self_attention")
-    out = _all_text(nb)
+    out = all_text(nb)
     raw, scaled = map(float, re.findall(r"std of A @ B\.T.*?: ([\d.]+)", out))
     assert 16.5 < raw < 18.0 and 0.95 < scaled < 1.05  # √300 ≈ 17.3 → ≈ 1
     assert float(re.search(r"weights on masked positions: ([\d.e+-]+)", out).group(1)) == 0.0

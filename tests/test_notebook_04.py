@@ -6,18 +6,14 @@ import re
 
 import pytest
 
-from nbtools import executed_solution
+from nbtools import all_text, executed_solution
 
 pytestmark = pytest.mark.slow
 
 
-def _all_text(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-
-
 def test_demonstrations_show_what_the_text_claims():
     nb, seconds = executed_solution("04_multi_head_attention")
-    out = _all_text(nb)
+    out = all_text(nb)
     assert "head 0 (right):         [[0, 1], [10, 11], [20, 21]]" in out
     assert "merge_heads undoes it:  True" in out
     diffs = [float(d) for d in re.findall(r"largest difference in outputs ([\d.e+-]+)", out)]

@@ -6,18 +6,14 @@ import re
 
 import pytest
 
-from nbtools import executed_solution
+from nbtools import all_text, executed_solution
 
 pytestmark = pytest.mark.slow
 
 
-def _all_text(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-
-
 def test_demonstrations_show_what_the_text_claims():
     nb, seconds = executed_solution("05_positional_encoding")
-    out = _all_text(nb)
+    out = all_text(nb)
     sorted_out = re.search(r"sorted   \[.*?\] -> \[([-\d.e, ]+)\]", out).group(1)
     shuffled_out = re.search(r"shuffled \[.*?\] -> \[([-\d.e, ]+)\]", out).group(1)
     a, b = [float(v) for v in sorted_out.split(",")], [float(v) for v in shuffled_out.split(",")]

@@ -6,15 +6,11 @@ import re
 
 import pytest
 
-from nbtools import execute, executed_solution, graded_cells, errors, result
+from nbtools import all_text, errors, execute, executed_solution, graded_cells, result
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-
-
-def _all_text(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
 def _number(pattern: str, text: str) -> float:
@@ -25,7 +21,7 @@ def _number(pattern: str, text: str) -> float:
 
 def test_transformer_notebook_reaches_its_goals():
     nb, seconds = executed_solution("06_transformer")
-    out = _all_text(nb)
+    out = all_text(nb)
     assert not errors(nb), errors(nb)
     # the reference equals torch.nn.Transformer with copied weights, post-LN and pre-LN
     diffs = [float(x) for x in re.findall(r"largest difference from torch\.nn\.Transformer: ([\d.e+-]+)", out)]
@@ -51,7 +47,7 @@ def test_transformer_notebook_reaches_its_goals():
 def test_grading_mode_trains_only_a_few_steps():
     nb, seconds = execute(ROOT / "solutions" / "06_transformer" / "06_transformer.ipynb", grading=True)
     assert not errors(nb), errors(nb)
-    out = _all_text(nb)
+    out = all_text(nb)
     assert re.search(r"\b20 steps in", out)
     for c in graded_cells(nb):
         assert float(result(c)) == float(c.metadata.nbgrader.points), c.metadata.nbgrader.grade_id

@@ -6,15 +6,11 @@ import re
 
 import pytest
 
-from nbtools import executed_solution
+from nbtools import all_text, executed_solution
 
 pytestmark = pytest.mark.slow
 
 A = "07_bert_mlm_nsp"
-
-
-def _all_text(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
 def _percent(pattern: str, text: str) -> float:
@@ -26,7 +22,7 @@ def _percent(pattern: str, text: str) -> float:
 @pytest.fixture(scope="module")
 def run():
     nb, seconds = executed_solution(A)
-    return nb, _all_text(nb), seconds
+    return nb, all_text(nb), seconds
 
 
 def test_bpe_demonstration(run):

@@ -8,21 +8,17 @@ import re
 
 import pytest
 
-from nbtools import executed_solution
+from nbtools import all_text, executed_solution
 
 pytestmark = pytest.mark.slow
 
 A = "08_gpt_in_context_learning"
 
 
-def _all_text(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-
-
 @pytest.fixture(scope="module")
 def run():
     nb, seconds = executed_solution(A)
-    return nb, _all_text(nb), seconds
+    return nb, all_text(nb), seconds
 
 
 def test_block_is_causal(run):

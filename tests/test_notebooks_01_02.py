@@ -6,14 +6,10 @@ import re
 
 import pytest
 
-from nbtools import executed_solution
+from nbtools import all_text, executed_solution
 
 pytestmark = pytest.mark.slow
 
-
-
-def _all_text(nb) -> str:
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
 def _images(nb) -> int:
@@ -22,7 +18,7 @@ def _images(nb) -> int:
 
 def test_notebook_01_shows_the_limits_of_recurrence():
     nb, seconds = executed_solution("01_rnn_limitations")
-    out = _all_text(nb)
+    out = all_text(nb)
     assert float(re.search(r"largest difference from torch\.nn\.RNN: ([\d.e+-]+)", out).group(1)) < 1e-5
     grads = {float(r): float(v) for r, v in re.findall(r"spectral radius ([\d.]+): ‖∂h_30/∂h_1‖ = ([\d.e+-]+)", out)}
     assert grads[0.5] < 1e-6 and grads[3.0] > 10.0 and 1e-3 < grads[1.0] < 1e3
@@ -46,7 +42,7 @@ def test_notebook_01_shows_the_limits_of_recurrence():
 
 def test_notebook_02_attention_reads_dates():
     nb, seconds = executed_solution("02_bahdanau_attention")
-    out = _all_text(nb)
+    out = all_text(nb)
     assert "no date in two splits: True" in out
     attention = float(re.search(r"held-out exact match \(attention\): ([\d.]+)%", out).group(1))
     fixed = float(re.search(r"held-out exact match \(fixed context\): ([\d.]+)%", out).group(1))
