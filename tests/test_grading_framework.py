@@ -298,3 +298,20 @@ def test_grading_inputs_change_with_the_salt_but_not_the_visible_ones():
     assert a.segments[2] != b.segments[2]  # hidden random inputs depend on the salt
     notebook = plan_item(spec, salt=0)
     assert notebook.segments[1] != a.segments[1]  # and differ from what the notebook shows
+
+
+def test_a_function_that_reads_notebook_globals_fails_a_visible_check():
+    """The visible checks of the small-input items include fresh inputs: code that uses
+    the notebook's globals instead of its arguments passes the fixed example, not these."""
+    seq_lengths, n = torch.tensor([2, 4]), 4  # what the notebook's own example cells hold
+
+    def padding_mask(lengths, T):
+        return (torch.arange(n)[None, :] < seq_lengths[:, None])[:, None, :]
+
+    def causal_mask(T, device=None):
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+    for item, impl in (("padding_mask", padding_mask), ("causal_mask", causal_mask)):
+        visible = grade(get_spec(item), impl, hidden=False)
+        assert visible.results[0].earned == 0, item
+        assert "has shape" in visible.results[0].message and "expected" in visible.results[0].message

@@ -11,9 +11,9 @@ from torch import nn
 
 from ... import attention as ref
 from ..properties import (
-    compare_cases, dtype_name, gradients_reach, layout, mask_words, masked_keys_ignored,
+    compare_cases, dtype_name, generator, gradients_reach, layout, mask_words, masked_keys_ignored,
     masked_weights_zero, module_gradients, module_inputs, randn,
-    reference_state, weights_sum_to_one,
+    reference_state, seed, weights_sum_to_one,
 )
 from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -243,7 +243,9 @@ def _causal_spec() -> ItemSpec:
         reference=ref.causal_mask,
         mistakes=CAUSAL_MISTAKES,
         subchecks=(
-            SubCheck("causal_mask(4) matches the reference", 1, compare_cases(_causal_case(4))),
+            # the fresh length catches a function that reads a notebook global instead of T
+            SubCheck("causal_mask(4) and a fresh length match the reference", 1,
+                     lambda t: t.compare([_causal_case(4), _causal_case(5 + seed(41) % 8)])),
             SubCheck("other lengths (1, 2, 7, 33) and the device argument", 1,
                      lambda t: (t.compare([_causal_case(n) for n in (7, 2, 33, 1)]), _causal_device(t)),
                      hidden=True),
@@ -258,6 +260,14 @@ def _causal_spec() -> ItemSpec:
 def _padding_case(lengths: list[int], T: int) -> Case:
     return Case(f"lengths = {lengths}, T = {T}",
                 lambda device: {"lengths": torch.tensor(lengths, device=device), "T": T})
+
+
+def _fresh_padding_case(value: int) -> Case:
+    """Lengths and T the notebook never uses (so that no global of the same name holds them)."""
+    g = generator(value)
+    T = int(torch.randint(5, 10, (1,), generator=g))
+    lengths = torch.randint(1, T + 1, (3,), generator=g).tolist()
+    return _padding_case(lengths, T)
 
 
 def padding_le(lengths, T):
@@ -294,7 +304,8 @@ def _padding_spec() -> ItemSpec:
         reference=ref.padding_mask,
         mistakes=PADDING_MISTAKES,
         subchecks=(
-            SubCheck("padding_mask([2, 4], 4) matches the reference", 1, compare_cases(_padding_case([2, 4], 4))),
+            SubCheck("padding_mask([2, 4], 4) and a fresh batch match the reference", 1,
+                     lambda t: t.compare([_padding_case([2, 4], 4), _fresh_padding_case(seed(43))])),
             SubCheck("other batches: full length, length 1, T larger than every length", 1,
                      compare_cases(_padding_case([5, 1, 3], 5), _padding_case([1], 1),
                                    _padding_case([3, 6, 2, 6], 9)), hidden=True),
