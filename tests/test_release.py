@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import nbformat
+
 import pytest
 
 from autograder.release import assignments, out_of_date
@@ -83,3 +85,26 @@ def test_notebook_03_keeps_the_curriculum_contract():
         else:
             assert f"def {name}{signature}" in sources[name]
         assert "raise NotImplementedError()" in sources[name]
+
+
+READING = ("notice", "look for", "what to read", "**see it.**")
+
+
+def _plots_left_unread(assignment: str) -> list[int]:
+    """Code cells that draw a plot with no reading of it: neither the markdown before them
+    says what to look for, nor a markdown cell follows before the next heading."""
+    cells = nbformat.read(str(ROOT / "solutions" / assignment / f"{assignment}.ipynb"), as_version=4).cells
+    unread = []
+    for i, c in enumerate(cells):
+        if c.cell_type != "code" or not any(s in c.source for s in ("plt.show()", ".plot(", "heatmap(")):
+            continue
+        before = next((cells[k].source.lower() for k in range(i - 1, -1, -1) if cells[k].cell_type == "markdown"), "")
+        after = next((cells[k].source for k in range(i + 1, len(cells)) if cells[k].cell_type == "markdown"), "#")
+        if not any(r in before for r in READING) and after.lstrip().startswith("#"):
+            unread.append(i)
+    return unread
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_every_plot_is_followed_by_what_to_read_in_it(assignment):
+    assert _plots_left_unread(assignment) == []
