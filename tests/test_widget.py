@@ -70,3 +70,23 @@ def test_build_mask_rejects_bad_settings():
         build_mask("padding", 4, length=0)
     with pytest.raises(ValueError, match="width"):
         build_mask("sliding window", 4, window=0)
+
+
+@pytest.mark.parametrize("panels", [1, 4])
+def test_every_label_of_the_explorer_is_inside_its_picture(explorer, panels):
+    """Token labels ("animal", not "nimal"), axis labels, the colour bar's label and the
+    titles are drawn inside the figure, for one head and for a grid of heads."""
+    ex = explorer[0]
+    fig = ex._figure(panels)[0]
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    texts = [t for ax in fig.axes for t in (*ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label,
+                                            ax.yaxis.label) if t.get_visible() and t.get_text()]
+    assert any(t.get_text() == "animal" for t in texts)
+    assert any(t.get_text() == "attention weight" for t in texts)  # the colour bar's label
+    outside = [t.get_text() for t in texts
+               if not (box.x0 - 1 <= (e := t.get_window_extent(renderer)).x0 and e.x1 <= box.x1 + 1
+                       and box.y0 - 1 <= e.y0 and e.y1 <= box.y1 + 1)]
+    assert outside == []
+    colorbar_label = next(t for t in texts if t.get_text() == "attention weight")
+    assert colorbar_label.get_fontsize() >= 9  # readable at the notebook's width

@@ -371,7 +371,9 @@ class AttentionExplorer:
             cols = min(n_panels, 4 if T_k <= 12 else 2)
             rows = -(-n_panels // cols)
             small = T_k > 16
-            fig, axes = plt.subplots(rows, cols, squeeze=False, dpi=72,
+            # constrained layout keeps every token label, axis label and the colour bar's
+            # label inside the picture (a fixed layout cut "animal" to "nimal")
+            fig, axes = plt.subplots(rows, cols, squeeze=False, dpi=72, layout="constrained",
                                      figsize=((0.13 * max(T_k, 8) + 1.6) * cols + 1.2,
                                               (0.13 * max(T_q, 8) + 1.5) * rows + 0.5))
             plt.close(fig)  # shown through the Output widget only
@@ -392,7 +394,8 @@ class AttentionExplorer:
                 ax.set_title(" ", fontsize=9)
                 ax.title.set_animated(True)
                 images.append(image)
-            fig.colorbar(images[0], ax=axes.ravel().tolist(), fraction=0.03, pad=0.02, label="attention weight")
+            bar = fig.colorbar(images[0], ax=axes.ravel().tolist(), fraction=0.03, pad=0.02)
+            bar.set_label("attention weight", fontsize=10)
             suptitle = fig.suptitle(" ", fontsize=10)
             suptitle.set_animated(True)
             canvas = FigureCanvasAgg(fig)
