@@ -14,19 +14,25 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import shutil
 from pathlib import Path
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.converters import GenerateFeedback
 from nbgrader.coursedir import CourseDirectory
+import nbgrader as nbgrader_package
 from nbgrader import utils as nbutils
+from nbgrader.api import Gradebook
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades, NbGraderPreprocessor
 from traitlets.config import Config
 
 from .course import Course, read_json
 
 __all__ = ["generate_feedback", "problems_html"]
+
+_TEMPLATES = Path(__file__).resolve().parent / "templates"
+_NBGRADER_TEMPLATES = Path(nbgrader_package.__file__).resolve().parent / "server_extensions" / "formgrader" / "templates"
 
 _LOG = logging.getLogger("autograder.feedback")
 _LOG.addHandler(logging.NullHandler())
@@ -44,6 +50,53 @@ class HideTestTracebacks(NbGraderPreprocessor):
                     value = str(output.get("evalue", "")).strip()
                     output["traceback"] = [f"{output.get('ename', 'Error')}: {value}" if value
                                            else str(output.get("ename", "Error"))]
+        return cell, resources
+
+
+class MarkAwaitingAnswers(NbGraderPreprocessor):
+    """Written answers that still wait for a person (no manual score yet) get
+    ``metadata.workbook_awaiting``: the page says "not graded yet" instead of a 0."""
+
+    def preprocess(self, nb, resources):  # noqa: ANN001, ANN201
+        info = resources["nbgrader"]
+        with Gradebook(info["db_url"]) as gb:
+            submission = gb.find_submission_notebook(info["notebook"], info["assignment"], info["student"])
+            self._awaiting = {g.name for g in submission.grades
+                              if g.manual_score is None and g.needs_manual_grade and g.cell.cell_type == "markdown"}
+        return super().preprocess(nb, resources)
+
+    def preprocess_cell(self, cell, resources, index):  # noqa: ANN001, ANN201
+        if cell.cell_type == "markdown" and cell.metadata.get("nbgrader", {}).get("grade_id") in self._awaiting:
+            cell.metadata["workbook_awaiting"] = True
+        return cell, resources
+
+
+_MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$(?![\s$])([^$\n]+?)(?<![\s\\])\$", re.S)
+_UNSAFE_MATHML = re.compile(r"href|javascript:|<script|<iframe|\son\w+\s*=", re.I)
+
+
+def tex_to_mathml(tex: str, display: bool) -> str:
+    """MathML for a TeX formula, or the TeX shown as code when it cannot be converted
+    (or the conversion holds anything that could act: links, scripts, handlers)."""
+    from latex2mathml.converter import convert
+
+    try:
+        mathml = convert(tex, display="block" if display else "inline")
+    except Exception:  # noqa: BLE001  (any TeX a student wrote)
+        mathml = ""
+    if not mathml or _UNSAFE_MATHML.search(mathml):
+        return f"<code>{html.escape(tex)}</code>"
+    return mathml
+
+
+class RenderMath(NbGraderPreprocessor):
+    """Math in markdown cells becomes MathML when the page is written, so the feedback
+    page shows formulas offline, with no MathJax to fetch."""
+
+    def preprocess_cell(self, cell, resources, index):  # noqa: ANN001, ANN201
+        if cell.cell_type == "markdown" and "$" in cell.source:
+            cell.source = _MATH.sub(lambda m: tex_to_mathml(m.group(1) or m.group(2), m.group(1) is not None),
+                                    cell.source)
         return cell, resources
 
 
@@ -70,10 +123,12 @@ def _failure_page(record: dict, assignment: str, student: str) -> str:
 
 def _nbgrader_feedback(course: Course, assignment: str, student: str) -> None:
     cfg = Config(course.config)
-    cfg.GenerateFeedback.preprocessors = [HideTestTracebacks, ClearHiddenTests, GetGrades,
-                                            CSSHTMLHeaderPreprocessor]
+    cfg.GenerateFeedback.preprocessors = [HideTestTracebacks, ClearHiddenTests, GetGrades, MarkAwaitingAnswers,
+                                            RenderMath, CSSHTMLHeaderPreprocessor]
     cfg.ClearHiddenTests.enforce_metadata = False
-    cfg.HTMLExporter.template_name = "feedback"
+    cfg.HTMLExporter.template_name = "workbook_feedback"  # nbgrader's, with MathML and "not graded yet"
+    cfg.HTMLExporter.template_file = "workbook.html.j2"
+    cfg.HTMLExporter.extra_template_basedirs = [str(_TEMPLATES), str(_NBGRADER_TEMPLATES)]
     coursedir = CourseDirectory(config=cfg)
     coursedir.assignment_id = assignment
     coursedir.student_id = student

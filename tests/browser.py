@@ -145,7 +145,12 @@ class Chromium:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-            self.profile.cleanup()
+            for _ in range(40):  # Chromium's helper processes may still be writing to the profile
+                try:
+                    self.profile.cleanup()
+                    break
+                except OSError:
+                    time.sleep(0.25)
 
 
 def copy_for_lab(src: Path, parent: Path) -> Path:

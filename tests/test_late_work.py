@@ -1,14 +1,18 @@
-"""Late work: `workbook due` sets an assignment's due date; `autograde` applies nbgrader's
-late-submission plugin as nbgrader_config.py configures it; `status`, `export` and the
-feedback show how late and what it cost."""
+"""Late work and written answers, on a class of two graded by `workbook autograde`:
+`workbook due` sets an assignment's due date, `autograde` applies nbgrader's
+late-submission plugin as nbgrader_config.py configures it, and `status`, `export` and
+the feedback show how late and what it cost; written answers nobody has graded yet are
+"not graded yet" on the feedback page, whose math is MathML (offline, no MathJax)."""
 
 from __future__ import annotations
 
 import csv
 import html
+import re
 
 import pytest
 
+from browser import CHROMIUM, Chromium
 from nbtools import Course, filled
 
 pytestmark = pytest.mark.slow
@@ -24,9 +28,13 @@ def late_class():
             f.write('\nc.LateSubmissionPlugin.penalty_method = "zero"\n')
         course.workbook("release", A)
         correct = filled(A, {})
-        for student, stamp in (("early", "2026-11-21 09:00:00.000000 UTC"),
-                               ("late", "2026-11-22 12:30:00.000000 UTC")):
-            course.submit(student, A, correct, register=False)
+        answered = filled(A, {})  # and its written answers written
+        for c in answered.cells:
+            if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("solution"):
+                c.source = "The dot product of $d_k$ unit-variance terms has variance $d_k$, so $\\sqrt{d_k}$ rescales it."
+        for student, stamp, nb in (("early", "2026-11-21 09:00:00.000000 UTC", answered),
+                                   ("late", "2026-11-22 12:30:00.000000 UTC", correct)):
+            course.submit(student, A, nb, register=False)
             (course.root / "grading" / "submitted" / student / A / "timestamp.txt").write_text(stamp)
         due = course.workbook("due", A, "2026-11-21 10:00 UTC").stdout
         course.workbook("autograde", A, "-j", "2", "--quiet")
@@ -72,3 +80,49 @@ def test_feedback_shows_the_penalty(late_class):
 def test_a_date_that_cannot_be_read_is_a_clear_error(late_class):
     with pytest.raises(RuntimeError, match="cannot read the date 'next friday-ish'"):
         late_class["course"].workbook("due", A, "next friday-ish")
+
+
+def _page(course, student: str) -> str:
+    return (course.root / "grading" / "feedback" / student / A / f"{A}.html").read_text()
+
+
+def test_written_answers_are_not_graded_yet_until_a_person_grades_them(late_class):
+    course = late_class["course"]
+    page = _page(course, "early")
+    assert page.count("Not graded yet (2.0 points)") == 3
+    assert "3 written answers\n  (6.0 points) are not graded yet" in page
+    assert "Not graded yet" not in _page(course, "late")  # no answer written: 0, as nbgrader gives
+    status = course.workbook("status").stdout
+    assert "13/19 ✎6" in next(line for line in status.splitlines() if line.startswith("early "))
+    from autograder.course import Course as GradedCourse
+    with GradedCourse(course.root).gradebook() as gb:
+        grade = gb.find_grade("q_cost", A, A, "early")
+        grade.manual_score = 1.5
+        gb.db.commit()
+    course.workbook("feedback", A, "-s", "early")
+    page = _page(course, "early")
+    assert page.count("Not graded yet (2.0 points)") == 2 and "Score: 1.5 / 2.0" in page
+
+
+def test_feedback_math_is_mathml_and_needs_no_network(late_class):
+    page = _page(late_class["course"], "early")
+    assert page.count("<math") > 20
+    assert "MathJax" not in page and "x-mathjax-config" not in page and "cdnjs" not in page
+    assert not re.search(r"<script[^>]+src=", page)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")
+def test_feedback_page_renders_offline_in_a_browser(late_class, tmp_path):
+    page = late_class["course"].root / "grading" / "feedback" / "early" / A / f"{A}.html"
+    browser = Chromium(width=1100, height=1600)
+    try:
+        browser.send("Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1,
+                     uploadThroughput=-1)
+        browser.navigate(page.as_uri())
+        browser.wait_for("document.readyState === 'complete'", timeout=60)
+        sizes = browser.evaluate("Array.from(document.querySelectorAll('math')).map(m => m.getBoundingClientRect().width)")
+        assert len(sizes) > 20 and all(w > 0 for w in sizes)  # every formula is laid out
+        assert not [u for u in browser.requests if u.startswith(("http:", "https:"))], browser.requests
+        browser.screenshot(tmp_path / "feedback.png")
+    finally:
+        browser.close()
