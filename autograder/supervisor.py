@@ -595,15 +595,24 @@ def _exit_words(code: int | None) -> str:
 
 
 def _cell_errors(run: _Run) -> None:
-    """One ``error`` problem for each cell (not a test cell) that raised."""
-    for index, outputs in run.outputs.items():
+    """One ``error`` problem for each cell (not a test cell) that raised.
+
+    A cell stopped by an unfinished item or by a reference that is not available while
+    grading is not a problem, and neither is a later cell's ``NameError`` (a name the
+    stopped cell would have defined, as in notebook 05's demonstration of relative
+    positions)."""
+    skipped = False
+    for index, outputs in sorted(run.outputs.items()):
         if _is_test(run.cells[index]) or run.status.get(index) == "timeout":
             continue
         for output in outputs:
             if output["output_type"] == "error" and output["ename"] not in ("KeyboardInterrupt",):
                 if (output["ename"] in ("NotImplementedError", "ReferenceUnavailable")
                         or "not available while this notebook is graded" in output["evalue"]):
+                    skipped = True
                     break  # an unfinished item, or a demonstration of this notebook's references: not a new problem
+                if skipped and output["ename"] == "NameError":
+                    break
                 run.event("error", index, f"raised {output['ename']}: {output['evalue'][:300]}")
                 break
 

@@ -385,8 +385,9 @@ def nbgrader_suite(assignment: str, submissions: dict[str, tuple], items: tuple[
     item of ``items``, and a fragment (or tuple) the feedback must show, or None.
 
     The submissions join the session's graded class (one ``workbook autograde`` run for
-    every notebook). Returns ``(graded, test_exact_scores, test_feedback_names_the_mistake)``:
-    assign them to names of the test module (``graded`` is the fixture ``(course, scores)``).
+    every notebook). Returns ``(graded, test_exact_scores, test_feedback_names_the_mistake,
+    test_a_correct_submission_has_no_problems)``: assign them to names of the test module
+    (``graded`` is the fixture ``(course, scores)``).
     """
     import pytest
 
@@ -404,4 +405,10 @@ def nbgrader_suite(assignment: str, submissions: dict[str, tuple], items: tuple[
     def test_feedback_names_the_mistake(graded, student):
         assert_feedback_says(graded[0], assignment, student, submissions[student][2])
 
-    return graded, test_exact_scores, test_feedback_names_the_mistake
+    @pytest.mark.skipif("correct" not in submissions, reason="no correct submission in this suite")
+    def test_a_correct_submission_has_no_problems(graded):
+        report = json.loads(graded[0].root.joinpath("grading", "reports", assignment, "correct.json").read_text())
+        problems = [p for n in report["notebooks"].values() for p in n["problems"]]
+        assert problems == [], problems
+
+    return graded, test_exact_scores, test_feedback_names_the_mistake, test_a_correct_submission_has_no_problems
