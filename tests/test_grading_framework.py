@@ -145,8 +145,9 @@ def test_score_is_read_by_nbgrader_as_partial_credit():
     def causal_mask(T, device=None):
         return torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
 
-    def padding_mask(lengths, T):  # hard-codes T = 4: right on the visible case only
-        return (torch.arange(4)[None, :] < lengths[:, None])[:, None, :]
+    def padding_mask(lengths, T):  # inverted for a batch of one: right on the visible cases only
+        mask = (torch.arange(T)[None, :] < lengths[:, None])[:, None, :]
+        return ~mask if len(lengths) == 1 else mask
 
     for item, impl, expected in (("causal_mask", causal_mask, 0.0), ("padding_mask", padding_mask, 1.0)):
         score = grade(get_spec(item), impl, hidden=True).score
