@@ -176,6 +176,8 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
             check_available()
         except SandboxUnavailable as exc:
             raise CourseError(f"cannot grade safely: {exc}") from None
+    from .reports import check_assignments
+    check_assignments(course, args.assignments, released=True)
     for assignment in assignments:
         bar = None
         if not args.quiet:
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         course = Course(args.course) if args.course else Course()
-        if args.command in ("autograde", "feedback", "export", "report", "status"):
+        if args.command in ("feedback", "export", "report", "status"):
             from .reports import check_assignments
             check_assignments(course, getattr(args, "assignments", None))
         if args.command == "release":

@@ -41,16 +41,20 @@ def late_words(seconds: float) -> str:
     return f"{hours} h {minutes} min" if hours else f"{max(minutes, 1)} min"
 
 
-def check_assignments(course: Course, assignments: list[str] | None) -> None:
-    """Raise a one-line CourseError naming what exists when an assignment is unknown."""
+def check_assignments(course: Course, assignments: list[str] | None, released: bool = False) -> None:
+    """Raise a one-line CourseError naming what exists when an assignment is unknown: not in
+    the gradebook, or (``released``: for ``autograde``, which records them) not released."""
     if not assignments:
         return
-    with course.gradebook() as gb:
-        known = sorted(a.name for a in gb.assignments)
+    if released:
+        known, where = sorted(course.released_assignments()), "released"
+    else:
+        with course.gradebook() as gb:
+            known, where = sorted(a.name for a in gb.assignments), "the gradebook has"
     unknown = [a for a in assignments if a not in known]
     if unknown:
         raise CourseError(f"unknown assignment{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                          f"the gradebook has: {', '.join(known) or 'none (run `workbook release`)'}")
+                          f"{where}: {', '.join(known) or 'none (run `workbook release`)'}")
 
 
 def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[list[str], list[dict]]:
