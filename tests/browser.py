@@ -130,6 +130,15 @@ class Chromium:
     def navigate(self, url: str) -> None:
         self.send("Page.navigate", url=url)
 
+    def open_offline(self, page: Path, ready: str = "true") -> list[str]:
+        """Open a local page with the network cut off, wait until it has loaded and
+        ``ready`` (JavaScript) holds; return the http(s) requests it tried."""
+        self.send("Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1,
+                  uploadThroughput=-1)
+        self.navigate(Path(page).as_uri())
+        self.wait_for(f"document.readyState === 'complete' && ({ready})", timeout=60)
+        return [u for u in self.requests if u.startswith(("http:", "https:"))]
+
     def screenshot(self, path: Path) -> None:
         import base64
 

@@ -140,17 +140,14 @@ def test_page_renders_offline_with_every_plot(generated_class, tmp_path):
     assert images == 3  # the class's mistakes, the scores, the credit per item (one notebook: no heat map)
     browser = Chromium(width=1200, height=3000)
     try:
-        browser.send("Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1,
-                     uploadThroughput=-1)
-        browser.navigate(page.as_uri())
-        browser.wait_for("document.readyState === 'complete' && document.images.length > 0", timeout=60)
+        outside = browser.open_offline(page, ready="document.images.length > 0")
         sizes = browser.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
         assert len(sizes) == images
         assert all(done and w > 200 and h > 100 for done, w, h in sizes), sizes
         shot = Path(os.environ.get("WORKBOOK_REPORT_SCREENSHOT", tmp_path / "report.png"))
         browser.screenshot(shot)
         assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
-        assert not [u for u in browser.requests if u.startswith(("http:", "https:"))], browser.requests
+        assert not outside, outside
     finally:
         browser.close()
 
