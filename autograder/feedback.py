@@ -72,6 +72,9 @@ class MarkAwaitingAnswers(NbGraderPreprocessor):
 
 
 _MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$(?![\s$])([^$\n]+?)(?<![\s\\])\$", re.S)
+_MATHML_TAGS = {"math", "mrow", "mi", "mn", "mo", "ms", "mtext", "mspace", "msub", "msup", "msubsup", "mfrac",
+                "msqrt", "mroot", "mstyle", "mpadded", "mphantom", "menclose", "mover", "munder", "munderover",
+                "mtable", "mtr", "mtd", "semantics", "annotation", "merror"}
 _UNSAFE_MATHML = re.compile(r"href|javascript:|<script|<iframe|\son\w+\s*=", re.I)
 
 
@@ -84,7 +87,8 @@ def tex_to_mathml(tex: str, display: bool) -> str:
         mathml = convert(tex, display="block" if display else "inline")
     except Exception:  # noqa: BLE001  (any TeX a student wrote)
         mathml = ""
-    if not mathml or _UNSAFE_MATHML.search(mathml):
+    tags = set(re.findall(r"<\s*/?\s*([^\s>/]+)", mathml))
+    if not mathml or _UNSAFE_MATHML.search(mathml) or not tags <= _MATHML_TAGS:  # e.g. \text{<img ...>}
         return f"<code>{html.escape(tex)}</code>"
     return mathml
 

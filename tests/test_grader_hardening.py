@@ -133,3 +133,14 @@ def test_a_process_trees_memory_is_counted_once_per_page():
         for pid in reversed(process_tree(child.pid)):
             os.kill(pid, 9)
         child.wait()
+
+
+def test_a_students_tex_cannot_put_markup_into_the_feedback_page():
+    """Written answers' formulas become MathML in the feedback; TeX that would carry a link,
+    a handler or raw markup is shown as code instead."""
+    from autograder.feedback import tex_to_mathml
+
+    for tex in (r"\href{javascript:alert(1)}{x}", r"\text{<img src=x onerror=alert(1)>}", r"\text{<b>bold</b>}"):
+        assert tex_to_mathml(tex, False).startswith("<code>"), tex
+    assert tex_to_mathml(r"\sqrt{d_k}", False).startswith("<math")
+    assert tex_to_mathml("<script>alert(1)</script>", False).count("<script") == 0
