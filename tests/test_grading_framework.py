@@ -4,6 +4,7 @@ never writes to stderr, and speaks nbgrader's partial-credit language."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -14,6 +15,8 @@ import torch
 from nbformat.v4 import new_code_cell, new_output
 from nbgrader.utils import determine_grade
 
+from course_lib import bert, bpe, multihead, positional
+from course_lib.grading.items.bert import HAND_MERGES
 from course_lib.grading import all_specs, check, get_spec, grade, working_or_reference
 from course_lib.grading.compare import describe_difference
 from conftest import ROOT
@@ -316,3 +319,20 @@ def test_a_function_that_reads_notebook_globals_fails_a_visible_check():
         visible = grade(get_spec(item), impl, hidden=False)
         assert visible.results[0].earned == 0, item
         assert "has shape" in visible.results[0].message and "expected" in visible.results[0].message
+
+
+@pytest.mark.parametrize("item, example, hand_case", [
+    ("pe_shift_matrix", lambda: positional.pe_shift_matrix(1, 4), "k = 1, d_model = 4"),
+    ("relative_position_index", lambda: positional.relative_position_index(5, 5, 2), "T_q = 5, T_k = 5,"),
+    ("mha_parameter_count", lambda: multihead.mha_parameter_count(512, 8), "d_model = 512"),
+    ("make_nsp_input", lambda: bert.make_nsp_input([10, 11], [12, 13, 14], 2, 3), "tokens_a = [10, 11]"),
+    ("bpe_encode", lambda: bpe.bpe_encode("unrelated", HAND_MERGES), "word = 'unrelated'"),
+])
+def test_an_answer_fixed_to_the_notebook_example_fails_the_visible_check(item, example, hand_case):
+    """Every small-input item's visible check has a case the notebook never shows: the
+    hand example alone (what a function reading notebook globals computes) is not enough."""
+    answer = example()  # the notebook example's answer, returned whatever the function is asked
+    first = grade(get_spec(item), lambda *args, **kwargs: copy.deepcopy(answer), hidden=False).results[0]
+    assert first.earned == 0, f"{item}: {first.message}"
+    # the hand example is answered right; the report names the fresh case that is not
+    assert first.message.startswith("On ") and hand_case not in first.message, first.message

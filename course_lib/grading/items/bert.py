@@ -251,14 +251,22 @@ def _bpe_encode_random(trial) -> None:
                    _encode_case("undo", [])])
 
 
+def _fresh_encode_case() -> Case:
+    """A word and merges (learned by the reference on fixed random words) the notebook
+    never uses; fixed, not salted, so that every submission gets the same points."""
+    merges = ref_bpe.bpe_train(_random_word_counts(59, 12, "wxyz", salt=False), 6)
+    return _encode_case("yxyxzzyw", merges, "6 merges learned on random words")
+
+
 def _bpe_encode_spec() -> ItemSpec:
     return ItemSpec(
         name="bpe_encode",
         reference=ref_bpe.bpe_encode,
         mistakes=BPE_ENCODE_MISTAKES,
         subchecks=(
-            SubCheck("'unrelated' with the notebook's merges", 1,
-                     compare_cases(_encode_case("unrelated", HAND_MERGES, "the notebook's hand-made merges"))),
+            SubCheck("'unrelated' with the notebook's merges, and a fresh word with fresh merges", 1,
+                     lambda t: t.compare([_encode_case("unrelated", HAND_MERGES, "the notebook's hand-made merges"),
+                                          _fresh_encode_case()])),
             SubCheck("priority order: ('s','t') before ('e','s') on 'est'; a repeated pair in 'banana'", 1,
                      compare_cases(_encode_case("est", [("s", "t"), ("e", "s")]),
                                    _encode_case("test", [("e", "s"), ("s", "t"), ("es", "t"), ("t", "est")]),
@@ -530,7 +538,9 @@ def _nsp_input_spec() -> ItemSpec:
         mistakes=NSP_INPUT_MISTAKES,
         output_names=("input_ids", "segment_ids"),
         subchecks=(
-            SubCheck("[CLS] 10 11 [SEP] 12 13 14 [SEP]", 1, compare_cases(_nsp_input_case([10, 11], [12, 13, 14]))),
+            SubCheck("[CLS] 10 11 [SEP] 12 13 14 [SEP], and fresh sentences", 1,
+                     compare_cases(_nsp_input_case([10, 11], [12, 13, 14]),
+                                   _nsp_input_case([46, 45], [44, 77, 51], cls_id=7, sep_id=15))),
             SubCheck("other lengths (one-token sentences, long sentences) and other special ids", 1,
                      compare_cases(_nsp_input_case([7], [8]), _nsp_input_case(list(range(20, 35)), [40, 41]),
                                    _nsp_input_case([5, 6, 7], list(range(50, 62)), cls_id=101, sep_id=102)),

@@ -542,7 +542,8 @@ def _count_spec() -> ItemSpec:
         reference=ref.mha_parameter_count,
         mistakes=COUNT_MISTAKES,
         subchecks=(
-            SubCheck("the Transformer-base layer: d_model = 512, num_heads = 8", 1, compare_cases(_count_case(512, 8))),
+            SubCheck("the Transformer-base layer (d_model = 512, num_heads = 8) and a fresh size", 1,
+                     compare_cases(_count_case(512, 8), _count_case(64, 2))),
             SubCheck("other sizes, one head, and bias = False", 1,
                      compare_cases(_count_case(64, 4, True), _count_case(12, 1), _count_case(512, 8, False),
                                    _count_case(48, 6, False)),

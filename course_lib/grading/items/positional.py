@@ -212,7 +212,10 @@ def _shift_spec() -> ItemSpec:
         reference=ref.pe_shift_matrix,
         mistakes=SHIFT_MISTAKES,
         subchecks=(
-            SubCheck("pe_shift_matrix(1, 4) matches the reference", 1, compare_cases(_shift_case(1, 4))),
+            # a case the notebook never shows catches a function that reads a notebook global
+            # instead of its argument; fixed (not salted), so that every submission gets the same points
+            SubCheck("pe_shift_matrix(1, 4) and a fresh k, d_model match the reference", 1,
+                     compare_cases(_shift_case(1, 4), _shift_case(2, 6))),
             SubCheck("other shifts and sizes: k = 0, negative k, k = 10, d_model = 2", 1,
                      compare_cases(_shift_case(3, 8), _shift_case(0, 6), _shift_case(-2, 8),
                                    _shift_case(10, 16), _shift_case(5, 2)), hidden=True),
@@ -277,7 +280,8 @@ def _rel_spec() -> ItemSpec:
         reference=ref.relative_position_index,
         mistakes=REL_MISTAKES,
         subchecks=(
-            SubCheck("relative_position_index(5, 5, 2) matches the reference", 1, compare_cases(_rel_case(5, 5, 2))),
+            SubCheck("relative_position_index(5, 5, 2) and fresh sizes match the reference", 1,
+                     compare_cases(_rel_case(5, 5, 2), _rel_case(4, 6, 2))),
             SubCheck("T_q ≠ T_k, δ = 0, δ larger than the sequence, one query", 1,
                      compare_cases(_rel_case(3, 7, 1), _rel_case(6, 3, 2), _rel_case(4, 4, 0),
                                    _rel_case(5, 5, 9), _rel_case(1, 6, 2)), hidden=True),
