@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "causal_mask",
     "padding_mask",
     "sliding_window_mask",
+    "fused_attention",
     "SelfAttention",
 ]
 
@@ -77,13 +79,27 @@ def padding_mask(lengths: Tensor, T: int) -> Tensor:
     return (positions[None, :] < lengths[:, None])[:, None, :]
 
 
-def sliding_window_mask(T: int, window: int, device: torch.device | str | None = None) -> Tensor:
-    """Causal sliding-window mask ``(T, T)``: query i sees keys ``i - window + 1 .. i``."""
+def sliding_window_mask(T: int, window: int, causal: bool = True,
+                        device: torch.device | str | None = None) -> Tensor:
+    """Sliding-window mask ``(T, T)``. Causal: query i sees keys ``i - window + 1 .. i``;
+    not causal: the keys with ``|i - j| < window`` (``2·window - 1`` of them)."""
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
     idx = torch.arange(T, device=device)
     distance = idx[:, None] - idx[None, :]
-    return (distance >= 0) & (distance < window)
+    if causal:
+        return (distance >= 0) & (distance < window)
+    return distance.abs() < window
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The output of :func:`scaled_dot_product_attention` without its weights, computed by
+    PyTorch's fused ``scaled_dot_product_attention`` kernel: no ``(T_q, T_k)`` weights are
+    returned (and, in its flash and memory-efficient kernels, none are stored).
+
+    Shapes as in :func:`scaled_dot_product_attention`; returns ``out (..., T_q, d_v)``.
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 class SelfAttention(nn.Module):

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from .multihead import MultiHeadAttention
 
-__all__ = ["causal_self_mask", "GPTBlock", "GPT", "gpt_parameter_count", "GPT2_XL", "GPT3"]
+__all__ = ["causal_self_mask", "cached_causal_mask", "GPTBlock", "GPT", "gpt_parameter_count", "GPT2_XL", "GPT3"]
 
 # Hyper-parameters of the two published models (Radford et al. 2019; Brown et al. 2020).
 GPT2_XL = dict(n_layer=48, num_heads=25, d_model=1600, vocab_size=50257, n_ctx=1024)
@@ -29,6 +29,15 @@ def causal_self_mask(T: int, device: torch.device | str | None = None) -> Tensor
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
+def cached_causal_mask(T: int, past: int, device: torch.device | str | None = None) -> Tensor | None:
+    """``(T, past + T)`` boolean mask for ``T`` new positions after ``past`` cached ones:
+    new position ``i`` sees keys ``0 .. past + i``. ``None`` when ``T == 1`` (it sees all)."""
+    if T == 1:
+        return None
+    keys = torch.arange(past + T, device=device)
+    return keys[None, :] <= past + torch.arange(T, device=device)[:, None]
+
+
 class GPTBlock(nn.Module):
     """One pre-LN decoder block (GPT-2).
 
@@ -37,7 +46,9 @@ class GPTBlock(nn.Module):
     ``nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model), nn.Dropout(dropout))``.
 
     ``forward(x (B, T, d_model)) -> (B, T, d_model)``; with ``need_weights=True`` it
-    returns ``(x, weights (B, H, T, T))``.
+    returns ``(x, weights (B, H, T, T))``. With a key/value ``cache`` (an object with
+    ``append(k, v) -> (K, V)`` and ``len()``, notebook 09) ``x`` holds the positions that
+    follow the ``len(cache)`` cached ones; each sees the cached positions and itself.
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0) -> None:
@@ -50,11 +61,15 @@ class GPTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model), nn.Dropout(dropout))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, need_weights: bool = False, cache=None) -> Tensor | tuple[Tensor, Tensor]:
         if x.dim() != 3:
             raise ValueError(f"GPTBlock expects x of shape (B, T, d_model), got {tuple(x.shape)}")
         h = self.ln1(x)
-        a, weights = self.attn(h, h, h, mask=causal_self_mask(x.size(1), x.device), need_weights=need_weights)
+        if cache is None:
+            mask = causal_self_mask(x.size(1), x.device)
+        else:
+            mask = cached_causal_mask(x.size(1), len(cache), x.device)
+        a, weights = self.attn(h, h, h, mask=mask, need_weights=need_weights, cache=cache)
         x = x + self.drop(a)
         x = x + self.mlp(self.ln2(x))
         return (x, weights) if need_weights else x
@@ -68,6 +83,10 @@ class GPT(nn.Module):
     is ``tok_emb.weight`` (tied). ``forward(idx (B, T)) -> logits (B, T, V)`` for
     ``T ≤ block_size``; ``need_weights=True`` also returns the attention weights of every
     layer, a list of ``(B, H, T, T)`` tensors.
+
+    ``caches`` (notebook 09): one key/value cache per block (objects with
+    ``append(k, v) -> (K, V)`` and ``len()``). ``idx`` then holds the tokens that follow
+    the cached ones: positions start at ``len(caches[0])``, and the caches grow by ``T``.
     """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, n_layer: int = 2,
@@ -86,21 +105,26 @@ class GPT(nn.Module):
         self.head.weight = self.tok_emb.weight  # tied embeddings
         self.apply(_init_weights)
 
-    def forward(self, idx: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(self, idx: Tensor, need_weights: bool = False,
+                caches: list | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"GPT expects token ids of shape (B, T) and an integer dtype, got {tuple(idx.shape)} {idx.dtype}")
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"need one cache per block ({len(self.blocks)}), got {len(caches)}")
+        past = len(caches[0]) if caches else 0
         T = idx.size(1)
-        if T > self.block_size:
-            raise ValueError(f"sequence length {T} exceeds the block size {self.block_size}: crop the context")
-        pos = torch.arange(T, device=idx.device)
+        if past + T > self.block_size:
+            raise ValueError(f"sequence length {past + T} exceeds the block size {self.block_size}: crop the context")
+        pos = torch.arange(past, past + T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         weights = []
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            cache = caches[i] if caches is not None else None
             if need_weights:
-                x, w = block(x, need_weights=True)
+                x, w = block(x, need_weights=True, cache=cache)
                 weights.append(w)
             else:
-                x = block(x)
+                x = block(x, cache=cache)
         logits = self.head(self.ln_f(x))
         return (logits, weights) if need_weights else logits
 

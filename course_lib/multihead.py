@@ -12,6 +12,7 @@ attention returns ``(output, weights)``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Iterable, Iterator
 
 import torch
@@ -24,6 +25,7 @@ __all__ = [
     "split_heads",
     "merge_heads",
     "MultiHeadAttention",
+    "attention_output",
     "head_mask_for_attention",
     "copy_from_torch",
     "ablate_heads",
@@ -87,6 +89,11 @@ class MultiHeadAttention(nn.Module):
 
     ``dropout`` is applied to the attention weights while training, as in
     ``torch.nn.MultiheadAttention``.
+
+    ``cache`` (optional, for generation): an object with ``append(k, v) -> (K, V)``, e.g.
+    a key/value cache (notebook 09). This call's keys and values ``(B, H, T_k, d_head)``
+    are appended to it and the queries attend to everything it holds; ``mask`` must then
+    cover all cached keys.
     """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
@@ -111,6 +118,7 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         need_weights: bool = True,
+        cache=None,
     ) -> tuple[Tensor, Tensor | None]:
         if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
             raise ValueError(
@@ -122,6 +130,8 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.w_q(query), self.num_heads)  # (B, H, T_q, d_head)
         k = split_heads(self.w_k(key), self.num_heads)  # (B, H, T_k, d_head)
         v = split_heads(self.w_v(value), self.num_heads)
+        if cache is not None:
+            k, v = cache.append(k, v)  # everything cached so far, this call's keys last
         mask = head_mask_for_attention(mask)
         p = self.dropout if self.training else 0.0
         if need_weights:
@@ -135,6 +145,20 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+
+
+def attention_output(attention: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                     mask: Tensor | None = None) -> Tensor:
+    """The output ``(B, T_q, D)`` of a multi-head attention module when its caller does not
+    read the weights: with ``need_weights=False`` where its ``forward`` accepts it
+    (course_lib's :class:`MultiHeadAttention`: PyTorch's fused kernel, no ``(T_q, T_k)``
+    weights), else a plain call (a student's class with the contract's interface). A
+    module with forward hooks (someone recording its weights, e.g. ``capture_attention``)
+    is called plainly too, so that the hooks see the weights."""
+    wants_weights = bool(attention._forward_hooks)
+    if not wants_weights and "need_weights" in inspect.signature(attention.forward).parameters:
+        return attention(query, key, value, mask, need_weights=False)[0]
+    return attention(query, key, value, mask)[0]
 
 
 def copy_from_torch(target: nn.Module, source: nn.MultiheadAttention) -> nn.Module:

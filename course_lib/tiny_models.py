@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import causal_mask
-from .multihead import MultiHeadAttention
+from .multihead import MultiHeadAttention, attention_output
 from .positional import (
     LearnedPositionalEmbedding, RelativeSelfAttention, RotarySelfAttention, SinusoidalPositionalEncoding,
 )
@@ -40,9 +40,11 @@ class _Block(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = True) -> tuple[Tensor, Tensor | None]:
         h = self.norm1(x)
-        if hasattr(self.attn, "num_heads"):  # multi-head interface: (query, key, value, mask)
+        if hasattr(self.attn, "num_heads") and not need_weights:  # fast path: no (T, T) weights
+            a, w = attention_output(self.attn, h, h, h, mask), None
+        elif hasattr(self.attn, "num_heads"):  # multi-head interface: (query, key, value, mask)
             a, w = self.attn(h, h, h, mask)
         else:  # single-head self-attention interface: (x, mask)
             a, w = self.attn(h, mask)
@@ -119,8 +121,9 @@ class TinyTransformer(nn.Module):
             mask = attn_mask if mask is None else mask & attn_mask
         weights = []
         for layer in self.layers:
-            x, w = layer(x, mask)
-            weights.append(w if w.dim() == 4 else w.unsqueeze(1))
+            x, w = layer(x, mask, need_weights=return_attention)
+            if return_attention:
+                weights.append(w if w.dim() == 4 else w.unsqueeze(1))
         x = self.norm(x)
         if self.pool == "max":
             x = x.masked_fill(~real[..., None], float("-inf")).amax(1) if real is not None else x.amax(1)

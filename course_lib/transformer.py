@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import causal_mask
-from .multihead import MultiHeadAttention, copy_from_torch
+from .multihead import MultiHeadAttention, attention_output, copy_from_torch
 from .positional import sinusoidal_positional_encoding
 
 __all__ = [
@@ -105,7 +105,7 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def _sa(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        return self.dropout(self.self_attn(x, x, x, mask)[0])
+        return self.dropout(attention_output(self.self_attn, x, x, x, mask))
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         if self.norm_first:
@@ -141,10 +141,10 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None) -> Tensor:
         def sa(h: Tensor) -> Tensor:
-            return self.dropout(self.self_attn(h, h, h, tgt_mask)[0])
+            return self.dropout(attention_output(self.self_attn, h, h, h, tgt_mask))
 
         def ca(h: Tensor) -> Tensor:
-            return self.dropout(self.cross_attn(h, memory, memory, memory_mask)[0])
+            return self.dropout(attention_output(self.cross_attn, h, memory, memory, memory_mask))
 
         if self.norm_first:
             x = x + sa(self.norm1(x))

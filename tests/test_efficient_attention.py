@@ -1,0 +1,180 @@
+"""course_lib's efficient-attention references (notebook 09) against PyTorch's own
+kernels, and the key/value cache against notebook 08's generate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import devices
+from course_lib.attention import sliding_window_mask
+from course_lib.efficient_attention import (KVCache, add_global_tokens, cached_generate, dilated_window_mask,
+                                            linear_attention, online_softmax_attention, performer_features,
+                                            random_projection, sliding_window_attention)
+from course_lib.gpt import GPT
+from course_lib.sampling import generate
+
+
+def qkv(*shape, dtype=torch.float64, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g, dtype=dtype).to(device) for _ in range(3))
+
+
+def test_masks_by_hand():
+    assert sliding_window_mask(4, 2).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    assert sliding_window_mask(4, 2, causal=False).int().tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1],
+                                                                      [0, 0, 1, 1]]
+    assert dilated_window_mask(6, 2, 2).int().tolist() == [
+        [1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
+        [0, 1, 0, 1, 0, 0], [0, 0, 1, 0, 1, 0], [0, 0, 0, 1, 0, 1]]
+    both = dilated_window_mask(7, 2, 3, causal=False)
+    assert both[3].int().tolist() == [1, 0, 0, 1, 0, 0, 1]
+    assert torch.equal(dilated_window_mask(9, 4, 1), sliding_window_mask(9, 4))
+    assert torch.equal(dilated_window_mask(9, 4, 1, causal=False), sliding_window_mask(9, 4, causal=False))
+
+
+def test_global_tokens_touch_only_their_rows_and_columns():
+    base = sliding_window_mask(8, 2)
+    out = add_global_tokens(base, [0, 5])
+    assert bool(out[[0, 5]].all()) and bool(out[:, [0, 5]].all())
+    rest = torch.ones(8, dtype=torch.bool)
+    rest[[0, 5]] = False
+    assert torch.equal(out[rest][:, rest], base[rest][:, rest])
+    assert torch.equal(base, sliding_window_mask(8, 2))  # the input is not modified
+    batched = add_global_tokens(base.expand(3, 8, 8), torch.tensor([2]))
+    assert batched.shape == (3, 8, 8) and bool(batched[:, :, 2].all())
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [1, 3, 8, 40])
+def test_sliding_window_attention_equals_masked_kernel(device, causal, window):
+    q, k, v = qkv(2, 3, 33, 8, device=device)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(33, window, causal, device))
+    assert torch.allclose(sliding_window_attention(q, k, v, window, causal), expected, atol=1e-12)
+
+
+def test_sliding_window_attention_float32_and_gradients():
+    q, k, v = (t.float().requires_grad_() for t in qkv(1, 50, 16, seed=1))
+    out = sliding_window_attention(q, k, v, 5)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(50, 5))
+    assert torch.allclose(out, expected, atol=1e-5)
+    out.sum().backward()
+    assert all(t.grad is not None and bool(t.grad.abs().sum() > 0) for t in (q, k, v))
+
+
+def test_sliding_window_attention_keeps_no_square_tensor():
+    """Every tensor autograd saves for the backward pass is O(T · window), none (T, T)."""
+    T, window = 256, 4
+    q, k, v = (t.float().requires_grad_() for t in qkv(1, T, 8, seed=2))
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        sliding_window_attention(q, k, v, window)
+    assert sizes and max(sizes) < T * T / 4
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block_size", [1, 5, 16, 64, 100])
+def test_online_softmax_equals_kernel_in_float32(device, causal, block_size):
+    q, k, v = qkv(2, 2, 64, 16, dtype=torch.float32, device=device, seed=3)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert torch.allclose(online_softmax_attention(q, k, v, block_size, causal), expected, atol=2e-6, rtol=1e-5)
+
+
+def test_online_softmax_large_scores_and_cross_attention():
+    q, k, v = qkv(3, 7, 8, seed=4)
+    k2, v2 = torch.randn(3, 29, 8, dtype=torch.float64), torch.randn(3, 29, 5, dtype=torch.float64)
+    q = 30 * q  # sharp: a running max that is not rescaled would overflow or differ
+    expected = F.scaled_dot_product_attention(q, k2, v2)
+    assert torch.allclose(online_softmax_attention(q, k2, v2, 4), expected, atol=1e-10)
+
+
+def test_kv_cache_concatenates_along_time():
+    cache = KVCache()
+    assert len(cache) == 0
+    k1, v1 = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 6)
+    K, V = cache.append(k1, v1)
+    assert torch.equal(K, k1) and torch.equal(V, v1) and len(cache) == 4
+    k2, v2 = torch.randn(2, 3, 1, 5), torch.randn(2, 3, 1, 6)
+    K, V = cache.append(k2, v2)
+    assert torch.equal(K, torch.cat([k1, k2], 2)) and torch.equal(V, torch.cat([v1, v2], 2)) and len(cache) == 5
+
+
+def test_gpt_with_caches_equals_gpt_without():
+    torch.manual_seed(5)
+    model = GPT(17, 16, d_model=32, n_layer=2, num_heads=4).eval()
+    idx = torch.randint(0, 17, (2, 11))
+    full = model(idx)
+    caches = [KVCache() for _ in model.blocks]
+    first = model(idx[:, :6], caches=caches)
+    steps = [model(idx[:, t:t + 1], caches=caches) for t in range(6, 11)]
+    assert torch.allclose(torch.cat([first, *steps], 1), full, atol=1e-5)
+    with pytest.raises(ValueError, match="block size"):
+        model(torch.zeros(2, 6, dtype=torch.long), caches=caches)
+
+
+@pytest.mark.parametrize("prompt,new", [(3, 0), (3, 1), (5, 10), (14, 9), (20, 4)])
+@pytest.mark.parametrize("temperature,top_k", [(0.0, None), (1.0, None), (0.8, 5)])
+def test_cached_generate_gives_generate_tokens(prompt, new, temperature, top_k):
+    torch.manual_seed(6)
+    model = GPT(23, 16, d_model=32, n_layer=2, num_heads=2).eval()
+    idx = torch.randint(0, 23, (3, prompt))
+    a = generate(model, idx, new, temperature, top_k, torch.Generator().manual_seed(7))
+    b = cached_generate(model, idx, new, temperature, top_k, torch.Generator().manual_seed(7))
+    assert a.shape == (3, prompt + new) and torch.equal(a, b)
+
+
+def test_performer_features_are_unbiased():
+    g = torch.Generator().manual_seed(8)
+    d = 8
+    a, b = 0.4 * torch.randn(d, generator=g, dtype=torch.float64), 0.4 * torch.randn(d, generator=g, dtype=torch.float64)
+    for orthogonal in (False, True):
+        w = random_projection(100_000, d, torch.Generator().manual_seed(9), orthogonal, torch.float64)
+        phi_a, phi_b = performer_features(a[None], w), performer_features(b[None], w)
+        assert bool((phi_a > 0).all())
+        assert math.isclose((phi_a @ phi_b.T).item(), math.exp(a @ b), rel_tol=0.02)
+
+
+def test_performer_formula():
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    w = torch.randn(6, 4, dtype=torch.float64)
+    expected = torch.exp(x @ w.T - (x ** 2).sum(-1, keepdim=True) / 2) / math.sqrt(6)
+    assert torch.allclose(performer_features(x, w), expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_equals_explicit_kernel_attention(causal):
+    q, k, v = qkv(2, 3, 19, 4, seed=10)
+    w = torch.randn(32, 4, dtype=torch.float64)
+
+    def phi(x):
+        return performer_features(x, w)
+
+    s = phi(q) @ phi(k).transpose(-2, -1)
+    if causal:
+        s = s * torch.ones(19, 19, dtype=torch.float64).tril()
+    expected = (s / s.sum(-1, keepdim=True)) @ v
+    assert torch.allclose(linear_attention(q, k, v, phi, causal), expected, atol=1e-10)
+
+
+def test_performer_approximates_soft_attention_with_many_features():
+    q, k, v = qkv(1, 256, 16, seed=11)
+    q, k = 0.5 * q, 0.5 * k  # soft attention; sharp attention needs far more features
+    d = q.size(-1)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    w = random_projection(4096, d, torch.Generator().manual_seed(12), dtype=torch.float64)
+
+    def phi(x):
+        return performer_features(x * d ** -0.25, w)
+
+    err = (linear_attention(q, k, v, phi) - expected).norm() / expected.norm()
+    assert err < 0.1
