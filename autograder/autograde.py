@@ -62,7 +62,8 @@ class GradingOptions:
 
     ``unsafe_no_sandbox`` grades without bubblewrap (every grade written is marked
     unverified); ``gpu`` exposes the NVIDIA devices to the sandbox and judges on CUDA;
-    ``force`` grades again submissions already graded with the same inputs."""
+    ``force`` grades again submissions already graded with the same inputs; ``scheduler``
+    (a Dask scheduler's address) grades on that cluster instead of local processes."""
 
     workers: int = 0  # 0: one per core
     limits: Limits = field(default_factory=Limits)
@@ -71,6 +72,7 @@ class GradingOptions:
     unsafe_no_sandbox: bool = False
     gpu: bool = False
     force: bool = False
+    scheduler: str | None = None
 
     def worker_count(self) -> int:
         if self.workers < 0:
@@ -200,11 +202,14 @@ def course_secret(course: Course) -> bytes:
     """The course's grading secret (created on first use, readable by its owner only).
     Hidden inputs are derived from it; no sandbox ever sees it."""
     path = course.grading_dir / ".workbook-secret"
-    if not path.exists():
+    if not path.exists():  # written whole, then linked: a concurrent run never reads half a secret
         course.grading_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd, tmp = tempfile.mkstemp(dir=course.grading_dir, prefix=".workbook-secret.")
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(32))
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+        os.unlink(tmp)
     return path.read_bytes()
 
 
@@ -217,17 +222,10 @@ def item_salt(secret: bytes, assignment: str, notebook: str, student: str, item:
 
 
 def course_fingerprint(course: Course) -> str:
-    """A hash of what grading depends on: course_lib, the assignment sources and the config."""
-    import course_lib
-    h = hashlib.sha256()
-    roots = [Path(course_lib.__file__).parent, course.source_dir, Path(__file__).parent]
-    for root in roots:
-        for p in sorted(root.rglob("*")):
-            if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts:
-                h.update(str(p.relative_to(root)).encode())
-                h.update(p.read_bytes())
-    h.update((course.root / "nbgrader_config.py").read_bytes())
-    return h.hexdigest()[:16]
+    """A hash of what grading depends on: course_lib, the autograder, the assignment
+    sources and the config (:func:`autograder.cluster.course_manifest`)."""
+    from .cluster import course_manifest, manifest_fingerprint
+    return manifest_fingerprint(course_manifest(course))
 
 
 def _extra_files(folder: Path) -> tuple[list[tuple[str, str]], list[str]]:
@@ -285,10 +283,16 @@ def _init_worker(env: dict[str, str], uid_base: int, slot: int) -> None:
 
 def grade_job(job: dict) -> dict:
     """Worker: run one sanitized notebook sealed off and judge it (no gradebook access)."""
+    return run_job(job, uid=_WORKER.get("uid", 100_000))
+
+
+def run_job(job: dict, uid: int) -> dict:
+    """Grade one job with the sandbox user ``uid`` (its course copy and scratch folder
+    named in the job; the scratch folder is removed afterwards)."""
     from .supervisor import grade_notebook
     job_dir = Path(job["job_dir"])
     try:
-        result = grade_notebook(job, Path(job["course_copy"]), job_dir, uid=_WORKER.get("uid", 100_000))
+        result = grade_notebook(job, Path(job["course_copy"]), job_dir, uid=uid)
     except SandboxUnavailable as exc:
         return {"job_id": job["job_id"], "crash": str(exc)}
     finally:
@@ -302,14 +306,30 @@ def grade_job(job: dict) -> dict:
 # ---------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _exclusive(course: Course) -> Iterator[None]:
+def _exclusive(course: Course, assignment: str) -> Iterator[None]:
+    """One autograde at a time: per course with a SQLite gradebook (one writer), per
+    assignment with a database server (instructors grade different assignments at once)."""
     course.grading_dir.mkdir(parents=True, exist_ok=True)
-    with open(course.grading_dir / ".autograde.lock", "w") as lock:
+    shared = not course.db_url.startswith("sqlite")
+    name = f".autograde-{assignment}.lock" if shared else ".autograde.lock"
+    with open(course.grading_dir / name, "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise CourseError("another `workbook autograde` is running on this course") from None
+            what = f"{assignment} of this course" if shared else "this course"
+            raise CourseError(f"another `workbook autograde` is running on {what}") from None
         yield
+
+
+def _with_retry(gb: Gradebook, create: Callable[[], Any]) -> Any:
+    """``create()`` (an nbgrader update_or_create call) once more when another process
+    created the same row at the same moment (a shared database server)."""
+    from nbgrader.api import InvalidEntry
+    try:
+        return create()
+    except InvalidEntry:
+        gb.db.rollback()
+        return create()
 
 
 class TrustedAutoGrades(SaveAutoGrades):
@@ -415,16 +435,14 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
             course_copies[notebook] = dest
         return course_copies[notebook]
 
-    with _exclusive(course), course.gradebook() as gb, warnings.catch_warnings():
+    with _exclusive(course, assignment), course.gradebook() as gb, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nbgrader's own SQLAlchemy warnings
         # 1. read and sanitize everything (cheap, sequential, gradebook reads only here)
         for student in students:
-            gb.update_or_create_student(student)
+            _with_retry(gb, lambda: gb.update_or_create_student(student))
             timestamp = course.coursedir.get_existing_timestamp(str(course.submission_dir(student, assignment)))
-            if timestamp:
-                gb.update_or_create_submission(assignment, student, timestamp=timestamp)
-            else:
-                gb.update_or_create_submission(assignment, student)
+            stamp = {"timestamp": timestamp} if timestamp else {}
+            _with_retry(gb, lambda: gb.update_or_create_submission(assignment, student, **stamp))
             for notebook in notebooks:
                 task_id = f"{student}/{notebook}"
                 folder = course.submission_dir(student, assignment)
@@ -471,12 +489,12 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
 
         reports: dict[str, dict] = {}
 
-        def finish(task: _Task, result: dict | None) -> None:
+        def finish(task: _Task, result: dict | None, worker: str | None = None) -> None:
             record = _write_result(course, gb, task, result, options)
             reports[task.student] = _save_report(course, task.assignment, task.student, task.notebook, record,
                                                  collect_notes.get(task.student, []))
             if progress:
-                progress(record)
+                progress(dict(record, worker=worker) if worker else record)
 
         # 2. failures known without running anything; submissions already graded
         for task in tasks.values():
@@ -490,7 +508,11 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
         # 3. run the rest in parallel; write each result as it arrives
         jobs = [t.job for t in tasks.values() if t.job is not None and not t.job.get("skip")]
         try:
-            if jobs:
+            if jobs and options.scheduler:
+                from .cluster import course_manifest, run_on_cluster
+                run_on_cluster(options.scheduler, jobs, course_manifest(course),
+                               lambda job, result, worker: finish(tasks[job["job_id"]], result, worker))
+            elif jobs:
                 n = min(options.worker_count(), len(jobs))
                 from .sandbox import SANDBOX_UID_BASE
                 uid_base = SANDBOX_UID_BASE + (os.getpid() % 20_000) * 64

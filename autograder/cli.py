@@ -10,6 +10,8 @@
     workbook due [ASSIGNMENT [DATE]]          show or set due dates (late work: nbgrader's penalty)
     workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
                                               (--names: show student ids; default: numbered)
+    workbook formgrader [ASSIGNMENT]          grade the written answers in nbgrader's Formgrader
+                                              (JupyterLab options pass through: --port 8899)
 
 Run inside the course folder (the one with nbgrader_config.py) or pass --course.
 """
@@ -73,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", action="store_true", help="let submissions use the NVIDIA GPUs (checks run on CUDA)")
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="grade without the bubblewrap sandbox (every grade is marked unverified)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="grade on the Dask cluster of this scheduler (e.g. tcp://10.0.0.5:8786; default: "
+                        "c.Workbook.scheduler in nbgrader_config.py, else local processes)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser("feedback", help="write per-student feedback HTML")
@@ -97,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="folder (default: grading/class-report)")
     p.add_argument("--names", action="store_true",
                    help="show student ids (default: students are numbered, so the page can be shown to the class)")
+
+    p = sub.add_parser("formgrader", help="grade the written answers in nbgrader's Formgrader (opens JupyterLab; "
+                                          "JupyterLab options such as --port or --no-browser pass through)")
+    p.add_argument("assignment", nargs="?", help="open on this assignment's submissions")
     return parser
 
 
@@ -166,7 +175,8 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
                     memory_mb=memory or None, max_output_kb=args.max_output_kb)
     options = GradingOptions(workers=args.workers, limits=limits, threads_per_kernel=args.threads,
                              students=args.student, unsafe_no_sandbox=args.unsafe_no_sandbox, gpu=args.gpu,
-                             force=args.force)
+                             force=args.force,
+                             scheduler=args.scheduler or course.setting("Workbook", "scheduler", None) or None)
     if args.unsafe_no_sandbox:
         print("warning: grading WITHOUT the sandbox: submissions' code runs with your privileges; every grade "
               "written is marked unverified.", file=sys.stderr)
@@ -182,10 +192,18 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
         bar = None
         if not args.quiet:
             from tqdm.auto import tqdm
+            from .cluster import WorkerTally
             total = len(args.student or course.submitted_students(assignment)) * \
                 len(course.gradebook_notebooks(assignment))
             bar = tqdm(total=total, desc=f"autograde {assignment}", unit="notebook")
-        reports = autograde(course, assignment, options, progress=(lambda r: bar.update(1)) if bar else None)
+            tally = WorkerTally()
+
+            def show(record: dict) -> None:
+                bar.update(1)
+                if record.get("worker"):  # graded on a cluster: done / failed / remaining per worker
+                    tally.add(record["worker"], record["status"] == "failed")
+                    bar.set_postfix_str(tally.line(bar.total - bar.n), refresh=True)
+        reports = autograde(course, assignment, options, progress=show if bar else None)
         if bar:
             bar.close()
         failed = sum(1 for r in reports for n in r["notebooks"].values() if n["status"] == "failed")
@@ -232,7 +250,10 @@ def _due(course: Course, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "formgrader":  # only Formgrader passes options on (to JupyterLab)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         course = Course(args.course) if args.course else Course()
         if args.command in ("feedback", "export", "report", "status"):
@@ -258,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
             page = write_report(course, args.output, args.assignments or None, names=args.names)
             print(f"class report: {page} (data: report.json and CSV files beside it)")
             return 0
+        if args.command == "formgrader":
+            from .formgrader import open_formgrader
+            from .reports import check_assignments
+            check_assignments(course, [args.assignment] if args.assignment else None)
+            return open_formgrader(course, args.assignment, extra)
         if args.command == "status":
             from .reports import status_table
             print(status_table(course, args.assignments or None))

@@ -65,6 +65,29 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+def open_gradebook(db_url: str, course_id: str) -> Gradebook:
+    """Open nbgrader's gradebook; a :class:`CourseError` naming the database (never its
+    password) when the URL's driver is missing or the server cannot be reached."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+    try:
+        shown = make_url(db_url).render_as_string(hide_password=True)
+    except ArgumentError:
+        raise CourseError(f"db_url {db_url!r} is not a database URL (e.g. sqlite:///grading/gradebook.db "
+                          "or postgresql://user:password@host/database)") from None
+    try:
+        return Gradebook(db_url, course_id)
+    except NoSuchModuleError:
+        raise CourseError(f"db_url {shown}: no SQLAlchemy dialect for this URL; a PostgreSQL gradebook "
+                          "is written postgresql://user:password@host/database") from None
+    except ModuleNotFoundError as exc:
+        raise CourseError(f"db_url {shown}: the database driver is not installed ({exc.name}); "
+                          "install the course's requirements (pip install -c constraints.txt -e .)") from None
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        raise CourseError(f"cannot open the gradebook {shown}: {reason}") from None
+
+
 class Course:
     """One course folder: its nbgrader configuration, folders and gradebook."""
 
@@ -141,8 +164,10 @@ class Course:
     # -- gradebook --------------------------------------------------------
     @contextlib.contextmanager
     def gradebook(self) -> Iterator[Gradebook]:
+        """nbgrader's gradebook at ``db_url``: a SQLite file or a database server
+        (``postgresql://user:password@host/database``, driver psycopg2)."""
         self.grading_dir.mkdir(parents=True, exist_ok=True)
-        with Gradebook(self.db_url, self.course_id) as gb:
+        with open_gradebook(self.db_url, self.course_id) as gb:
             yield gb
 
     def released_assignments(self) -> list[str]:

@@ -1,0 +1,245 @@
+"""Grading on a Dask cluster: each submission is one task, the gradebook stays here.
+
+``workbook autograde --scheduler ADDRESS`` (or ``c.Workbook.scheduler`` in
+``nbgrader_config.py``) sends every prepared job to a Dask scheduler (``dask scheduler``;
+workers started with ``dask worker ADDRESS`` on any number of machines). A task carries
+the sanitized submission and the course's *manifest* (a digest of every file of
+course_lib, the autograder, the assignment sources and the configuration); it returns
+what :func:`autograder.autograde.grade_job` returns. Workers never touch the gradebook:
+the instructor's process records each result as it arrives (``as_completed``), so an
+interrupted batch keeps every grade already returned.
+
+- A worker whose course differs from the instructor's refuses the task
+  (:class:`CourseMismatch`, naming the files that differ); the batch stops there and no
+  grade from that worker is recorded.
+- A worker that dies mid-task costs nothing: the scheduler runs the task again on
+  another worker, and the result is recorded once. A submission whose grading kills
+  every worker it runs on is stopped by the scheduler after
+  ``distributed.scheduler.allowed-failures`` tries (``KilledWorker``) and recorded as a
+  failure with that reason.
+- Each concurrent sandbox on a machine gets its own user id: a task holds a slot (a
+  lock file in the machine's temporary folder) while it grades, whatever number of
+  worker processes and threads the machine runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from .course import Course, CourseError, find_course_root
+
+__all__ = ["CourseMismatch", "course_manifest", "manifest_fingerprint", "manifest_differences",
+           "grade_task", "run_on_cluster", "WorkerTally", "CLUSTER_UID_BASE"]
+
+CLUSTER_UID_BASE = 2_000_000  # sandbox users of cluster tasks (grader running as root), above the pool's
+MAX_SLOTS = 1024
+CONNECT_TIMEOUT_S = 10
+WAIT_FOR_WORKERS_S = 60
+
+
+class CourseMismatch(RuntimeError):
+    """A worker's course differs from the instructor's: it refuses to grade."""
+
+
+# ---------------------------------------------------------------------------
+# What grading depends on
+# ---------------------------------------------------------------------------
+
+def _digest_tree(root: Path, prefix: str, out: dict[str, str]) -> None:
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts:
+            out[f"{prefix}/{p.relative_to(root).as_posix()}"] = hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def course_manifest(course: Course) -> dict[str, str]:
+    """``name -> sha256`` of every file grading depends on: the imported course_lib and
+    autograder packages, the assignment sources (``solutions/``) and ``nbgrader_config.py``."""
+    import course_lib
+    out: dict[str, str] = {}
+    _digest_tree(Path(course_lib.__file__).parent, "course_lib", out)
+    _digest_tree(Path(__file__).parent, "autograder", out)
+    _digest_tree(course.source_dir, course.source_dir.name, out)
+    config = course.root / "nbgrader_config.py"
+    out["nbgrader_config.py"] = hashlib.sha256(config.read_bytes()).hexdigest()
+    return out
+
+
+def manifest_fingerprint(manifest: dict[str, str]) -> str:
+    """One short hash of a manifest."""
+    h = hashlib.sha256()
+    for name in sorted(manifest):
+        h.update(f"{name}\0{manifest[name]}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def manifest_differences(expected: dict[str, str], local: dict[str, str], limit: int = 8) -> list[str]:
+    """What differs between the instructor's manifest and a worker's, in words
+    (``course_lib/attention.py differs``); empty when they are the same."""
+    out = []
+    for name in sorted(set(expected) | set(local)):
+        if name not in local:
+            out.append(f"{name} is missing on the worker")
+        elif name not in expected:
+            out.append(f"{name} exists only on the worker")
+        elif expected[name] != local[name]:
+            out.append(f"{name} differs")
+    if len(out) > limit:
+        out = out[:limit] + [f"and {len(out) - limit} more"]
+    return out
+
+
+def _worker_course() -> Course:
+    """The course folder of this worker: ``$WORKBOOK_COURSE``, else the nearest folder at
+    or above the worker's working directory that holds ``nbgrader_config.py``."""
+    return Course(os.environ.get("WORKBOOK_COURSE") or find_course_root())
+
+
+# ---------------------------------------------------------------------------
+# The worker side
+# ---------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def sandbox_slot(folder: Path | None = None) -> Iterator[int]:
+    """Hold the lowest free slot number of this machine (a locked file) while grading."""
+    folder = folder or Path(tempfile.gettempdir()) / "workbook-sandbox-slots"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for slot in range(MAX_SLOTS):
+        handle = open(folder / f"slot-{slot}.lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            yield slot
+        finally:
+            handle.close()
+        return
+    raise RuntimeError(f"more than {MAX_SLOTS} submissions grading at once on this machine")
+
+
+def _worker_name() -> str:
+    try:
+        from distributed import get_worker
+        worker = get_worker()
+        return str(worker.name if worker.name is not None else worker.address)
+    except ValueError:  # not inside a Dask worker (called directly)
+        return "local"
+
+
+def grade_task(job: dict, manifest: dict[str, str]) -> dict:
+    """A Dask task: check this worker's course against ``manifest``, then grade ``job``
+    sealed off with a course copy and a scratch folder of this machine. Returns the
+    grader's result with ``worker`` (the worker's name) added."""
+    import logging
+
+    import torch
+    from .autograde import _test_items, run_job
+    from .sandbox import SANDBOX_UID_BASE
+    from .stubs import build_course_copy
+
+    name = _worker_name()
+    differences = manifest_differences(manifest, course_manifest(_worker_course()))
+    if differences:
+        raise CourseMismatch(f"worker {name} grades with a different course than the instructor's: "
+                             + "; ".join(differences))
+    logging.getLogger("traitlets").setLevel(logging.CRITICAL)
+    torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    import nbformat
+    from course_lib.grading.registry import all_specs
+    known = all_specs()
+    items = [i for i in _test_items(nbformat.reads(job["notebook"], as_version=4)) if i in known]
+    scratch = Path(tempfile.mkdtemp(prefix="workbook-task-"))
+    try:
+        scratch.chmod(0o711)
+        course_copy = build_course_copy(scratch / "course", items)
+        local_job = dict(job, job_dir=str(scratch / "job"), course_copy=str(course_copy))
+        with sandbox_slot() as slot:
+            result = run_job(local_job, uid=SANDBOX_UID_BASE + CLUSTER_UID_BASE + slot)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result["worker"] = name
+    return result
+
+
+# ---------------------------------------------------------------------------
+# The instructor's side
+# ---------------------------------------------------------------------------
+
+class WorkerTally:
+    """Done and failed submissions per worker: the progress line of a batch on a cluster."""
+
+    def __init__(self) -> None:
+        self.done: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+
+    def add(self, worker: str, failed: bool) -> None:
+        (self.failed if failed else self.done)[worker] += 1
+
+    def line(self, remaining: int) -> str:
+        done, failed = sum(self.done.values()), sum(self.failed.values())
+        workers = ", ".join(f"{w}: {self.done[w]}" + (f"+{self.failed[w]} failed" if self.failed[w] else "")
+                            for w in sorted(set(self.done) | set(self.failed)))
+        return f"done {done}, failed {failed}, remaining {remaining}" + \
+            (f" | {workers}" if workers else "")
+
+
+def connect(address: str):
+    """A ``distributed.Client`` of the scheduler at ``address`` with at least one worker;
+    a :class:`CourseError` saying what to do when there is none."""
+    from distributed import Client
+    try:
+        client = Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+    except Exception as exc:  # OSError, TimeoutError, ValueError (a malformed address)
+        raise CourseError(f"cannot reach the Dask scheduler at {address!r} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); start one with "
+                          "`dask scheduler` and workers with `dask worker ADDRESS`") from None
+    try:
+        client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
+    except Exception:
+        client.close()
+        raise CourseError(f"no Dask worker joined the scheduler at {address} within {WAIT_FOR_WORKERS_S} s; "
+                          "start workers with `dask worker ADDRESS` in the course folder") from None
+    return client
+
+
+def run_on_cluster(address: str, jobs: Iterable[dict], manifest: dict[str, str],
+                   on_result: Callable[[dict, dict, str], None]) -> None:
+    """Grade ``jobs`` on the cluster at ``address``; call ``on_result(job, result, worker)``
+    in this process as each result arrives. Raises :class:`CourseError` when a worker's
+    course differs (the rest of the batch is cancelled; what arrived was recorded)."""
+    from distributed import as_completed
+    from distributed.scheduler import KilledWorker
+
+    client = connect(address)
+    try:
+        batch = uuid.uuid4().hex[:8]
+        futures = {client.submit(grade_task, job, manifest, key=f"workbook-{job['job_id']}-{batch}",
+                                 pure=False): job for job in jobs}
+        for future in as_completed(futures, loop=client.loop):
+            job = futures.pop(future)
+            if future.status != "error":
+                result = future.result()
+                on_result(job, result, result.get("worker", "?"))
+                continue
+            exc = future.exception()
+            if isinstance(exc, CourseMismatch):
+                client.cancel(list(futures))
+                raise CourseError(str(exc)) from None
+            if isinstance(exc, KilledWorker):
+                reason = ("grading this submission killed every Dask worker it ran on; it was stopped after "
+                          "the scheduler's limit of tries (distributed.scheduler.allowed-failures)")
+            else:
+                reason = f"the grading task failed: {type(exc).__name__}: {str(exc)[:300]}"
+            on_result(job, {"job_id": job["job_id"], "crash": reason}, "?")
+    finally:
+        client.close()

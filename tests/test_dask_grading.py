@@ -1,0 +1,154 @@
+"""Grading on a Dask cluster: a real ``dask scheduler`` and ``dask worker`` processes on
+localhost (tests/servers.py), against the local process pool on the same submissions.
+
+One class of notebook 03 (correct, mistaken, empty) is graded with the local pool, then
+on a cluster of two workers, one of which is killed while it grades; then a worker whose
+course_lib differs from the instructor's joins alone and must refuse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import threading
+import time
+from collections import Counter
+
+import nbformat
+import pytest
+
+from autograder.autograde import GradingOptions, Limits, autograde
+from autograder.cli import main
+from autograder.cluster import manifest_differences
+from autograder.course import Course
+from servers import REPO, DaskCluster, free_port
+from workbook_class import ClassBuilder, make_course
+
+NOTEBOOK = "03_self_attention"
+LIMITS = Limits(cell_timeout=30, notebook_timeout=240, memory_mb=2048)
+
+
+def _grades(course: Course, assignment: str, students) -> dict:
+    with course.gradebook() as gb:
+        out = {}
+        for s in students:
+            sub = gb.find_submission_notebook(NOTEBOOK, assignment, s)
+            out[s] = ({g.name: g.score for g in sub.grades}, sub.score)
+        return out
+
+
+def _kill_when_busy(cluster: DaskCluster, name: str, killed: dict) -> None:
+    """Kill worker ``name`` as soon as the scheduler says it is grading something."""
+    with cluster.client() as client:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            addresses = {str(w["name"]): a for a, w in client.scheduler_info()["workers"].items()}
+            busy = client.processing().get(addresses.get(name), ())
+            if busy:
+                time.sleep(2)  # let it start the sandbox
+                killed["task"] = list(busy)
+                cluster.kill_worker(name)
+                return
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster_class(tmp_path_factory):
+    base = tmp_path_factory.mktemp("dask")
+    root, assignment = make_course(base / "course", NOTEBOOK)
+    course = Course(root)
+    assert main(["--course", str(root), "release", assignment]) == 0
+    builder = ClassBuilder(course.release_dir / assignment / f"{NOTEBOOK}.ipynb",
+                           course.source_dir / assignment / f"{NOTEBOOK}.ipynb")
+    submissions = {"correct": builder.filled(), "mistaken": builder.mistake_student("mistaken").notebook,
+                   "empty": builder.released}
+    for student, nb in submissions.items():
+        folder = course.submission_dir(student, assignment)
+        folder.mkdir(parents=True)
+        nbformat.write(nb, str(folder / f"{NOTEBOOK}.ipynb"))
+    state = {"course": course, "assignment": assignment, "students": sorted(submissions), "base": base}
+
+    autograde(course, assignment, GradingOptions(workers=2, limits=LIMITS))
+    state["local"] = _grades(course, assignment, state["students"])
+
+    with DaskCluster(cwd=root, log_dir=base) as cluster:
+        cluster.start_worker("w1")
+        cluster.start_worker("w2")
+        killed: dict = {}
+        killer = threading.Thread(target=_kill_when_busy, args=(cluster, "w2", killed))
+        killer.start()
+        records: list[dict] = []
+        options = GradingOptions(limits=LIMITS, scheduler=cluster.address, force=True)
+        autograde(course, assignment, options, progress=records.append)
+        killer.join()
+        state["killed"], state["records"] = killed, records
+        state["cluster"] = _grades(course, assignment, state["students"])
+        state["rerun"] = []
+        autograde(course, assignment, GradingOptions(limits=LIMITS, scheduler=cluster.address),
+                  progress=state["rerun"].append)
+
+        # a worker whose course_lib differs, alone on the cluster
+        cluster.kill_worker("w1")
+        changed = base / "changed"
+        shutil.copytree(REPO / "course_lib", changed / "course_lib",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        with open(changed / "course_lib" / "attention.py", "a") as f:
+            f.write("\n# a different version of the course\n")
+        cluster.start_worker("w3", env={"PYTHONPATH": str(changed)})
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            state["refused_rc"] = main(["--course", str(root), "autograde", assignment, "--scheduler",
+                                        cluster.address, "--force", "--quiet", "--cell-timeout", "30",
+                                        "--memory-mb", "2048"])
+        state["refused_err"] = err.getvalue()
+        state["after_refusal"] = _grades(course, assignment, state["students"])
+    return state
+
+
+@pytest.mark.slow
+def test_the_cluster_gives_exactly_the_grades_of_the_local_pool(cluster_class):
+    assert cluster_class["cluster"] == cluster_class["local"]
+    local = cluster_class["local"]
+    assert local["correct"][1] > local["mistaken"][1] > local["empty"][1] == 0  # a class that tells them apart
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_batch_loses_nothing_and_duplicates_nothing(cluster_class):
+    assert cluster_class["killed"].get("task"), "worker w2 was never seen grading"
+    records = cluster_class["records"]
+    assert Counter(r["worker"] for r in records) and "w2" not in {r["worker"] for r in records}
+    assert sorted(r["notebook"] for r in records) == [NOTEBOOK] * 3  # each submission recorded once
+    assert all(r["status"] == "graded" for r in records)
+    # a rerun grades only what is missing: nothing
+    assert [r["status"] for r in cluster_class["rerun"]] == ["kept"] * 3
+
+
+@pytest.mark.slow
+def test_a_worker_with_a_different_course_lib_is_refused(cluster_class):
+    assert cluster_class["refused_rc"] == 2
+    err = cluster_class["refused_err"]
+    assert "worker w3 grades with a different course" in err and "course_lib/attention.py differs" in err
+    assert cluster_class["after_refusal"] == cluster_class["cluster"]  # nothing recorded from it
+
+
+def test_manifest_differences_name_the_files():
+    ours = {"course_lib/a.py": "1", "course_lib/b.py": "2", "solutions/x.ipynb": "3"}
+    theirs = {"course_lib/a.py": "1", "course_lib/b.py": "9", "course_lib/c.py": "4"}
+    assert manifest_differences(ours, theirs) == ["course_lib/b.py differs", "course_lib/c.py exists only on the worker",
+                                                  "solutions/x.ipynb is missing on the worker"]
+    assert manifest_differences(ours, dict(ours)) == []
+
+
+@pytest.mark.slow
+def test_an_unreachable_scheduler_is_a_one_line_error(tmp_path, capsys):
+    root, assignment = make_course(tmp_path / "course", NOTEBOOK)
+    assert main(["--course", str(root), "release", assignment]) == 0
+    folder = Course(root).submission_dir("alice", assignment)
+    folder.mkdir(parents=True)
+    shutil.copy(Course(root).release_dir / assignment / f"{NOTEBOOK}.ipynb", folder)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    rc = main(["--course", str(root), "autograde", assignment, "--scheduler", address, "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert f"cannot reach the Dask scheduler at '{address}'" in err
