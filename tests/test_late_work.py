@@ -2,18 +2,30 @@
 `workbook due` sets an assignment's due date, `autograde` applies nbgrader's
 late-submission plugin as nbgrader_config.py configures it, and `status`, `export` and
 the feedback show how late and what it cost; written answers nobody has graded yet are
-"not graded yet" on the feedback page, whose math is MathML (offline, no MathJax)."""
+"not graded yet" on the feedback page, whose math is MathML (offline, no MathJax), until
+an instructor grades them in Formgrader (`workbook formgrader`)."""
 
 from __future__ import annotations
 
 import csv
 import html
+import json
+import os
 import re
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 from browser import CHROMIUM, Chromium
-from nbtools import Course, filled
+from nbtools import Course, filled, kernel_env
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 
@@ -123,3 +135,83 @@ def test_feedback_page_renders_offline_in_a_browser(late_class, tmp_path):
         browser.screenshot(tmp_path / "feedback.png")
     finally:
         browser.close()
+
+
+@pytest.fixture
+def formgrader(late_class, tmp_path):
+    """``workbook formgrader`` on the class, as an instructor starts it (no browser here):
+    a function that calls its HTTP API."""
+    course = late_class["course"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    env = {**kernel_env(grading=False), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    log = (tmp_path / "formgrader.log").open("w")
+    server = subprocess.Popen([str(REPO / "workbook"), "--course", str(course.root), "formgrader", A,
+                               "--no-browser", f"--port={port}", f"--IdentityProvider.token={token}"],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def call(method: str, path: str, body: dict | None = None):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode()
+        return json.loads(text) if path.startswith("/formgrader/api/") else text
+
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, (tmp_path / "formgrader.log").read_text()
+            try:
+                call("GET", "/formgrader/api/assignments")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, (tmp_path / "formgrader.log").read_text()
+                time.sleep(1)
+        yield call
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_written_answers_are_graded_in_formgrader(late_class, formgrader):
+    """The manual-grading step: the written answers are graded in Formgrader (through its
+    own HTTP API, as its page does), and status, export and feedback then count them.
+    Formgrader's autograde button refuses (it would run the code unsealed) and leaves
+    the autograded notebook alone."""
+    course = late_class["course"]
+    submissions = {s["student"]: s for s in formgrader("GET", f"/formgrader/api/submitted_notebooks/{A}/{A}")}
+    assert set(submissions) == {"early", "late"} and submissions["early"]["needs_manual_grade"]
+    page = formgrader("GET", f"/formgrader/submissions/{submissions['early']['id']}/")
+    assert "so $\\sqrt{d_k}$ rescales it" in html.unescape(page)  # the student's answer, to be graded
+    grades = formgrader("GET", f"/formgrader/api/grades?submission_id={submissions['early']['id']}")
+    written = [g for g in grades if g["cell_type"] == "markdown"]
+    assert len(written) == 3
+    given = dict(zip((g["name"] for g in written), (2.0, 1.0, 0.5)))
+    for g in written:
+        saved = formgrader("PUT", f"/formgrader/api/grade/{g['id']}", {"manual_score": given[g["name"]]})
+        assert saved["manual_score"] == given[g["name"]] and not saved["needs_manual_grade"]
+
+    autograded = course.root / "grading" / "autograded" / "late" / A / f"{A}.ipynb"
+    before = autograded.read_bytes()
+    refused = formgrader("POST", f"/formgrader/api/submission/{A}/late/autograde")
+    assert not refused["success"] and "`workbook autograde`" in refused["error"]
+    refused = formgrader("POST", f"/formgrader/api/assignment/{A}/generate_feedback")
+    assert not refused["success"] and "`workbook feedback`" in refused["error"]
+    assert autograded.read_bytes() == before
+
+    early = next(line for line in course.workbook("status").stdout.splitlines() if line.startswith("early "))
+    assert "16.5/19" in early and "✎" not in early
+    out = course.root / "grades.csv"
+    course.workbook("export", "-o", str(out))
+    row = next(r for r in csv.DictReader(out.open()) if r["student"] == "early")
+    assert float(row["manual"]) == 3.5 and float(row["awaiting_manual"]) == 0 and float(row["total"]) == 16.5
+    course.workbook("feedback", A, "-s", "early")
+    page = html.unescape(_page(course, "early"))
+    assert "Not graded yet" not in page and "Score: 0.5 / 2.0" in page and "not graded yet" not in page

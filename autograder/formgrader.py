@@ -1,0 +1,99 @@
+"""``workbook formgrader``: nbgrader's Formgrader on this course, for the written answers.
+
+Written answers (markdown cells worth points) are graded by a person, in nbgrader's
+Formgrader. This opens JupyterLab on the course folder with nbgrader's instructor
+tools on and the browser at Formgrader's page for the assignment's submissions.
+
+In that session Formgrader's *autograde* and *generate feedback* buttons answer with
+what to run instead (this module is a Jupyter server extension, enabled by
+``formgrader_config/``): nbgrader would run submissions in ordinary kernels with the
+instructor's privileges, and write feedback pages without the workbook's protections
+(its ``autograde`` also deletes the autograded notebook before it starts).
+``workbook autograde`` grades each submission sealed off; ``workbook feedback`` writes
+the pages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from .course import Course
+
+__all__ = ["formgrader_url", "formgrader_command", "open_formgrader"]
+
+CONFIG = Path(__file__).resolve().parent / "formgrader_config"  # Formgrader and this extension on, no news
+REFUSED = {  # Formgrader's API routes that run nbgrader's own steps, and what to run instead
+    r"/formgrader/api/submission/([^/]+)/([^/]+)/autograde":
+        "Formgrader does not autograde this course: its kernels would run the submission with your "
+        "privileges. Run `workbook autograde` (each submission sealed off), then grade the written answers here.",
+    r"/formgrader/api/assignment/([^/]+)/generate_feedback":
+        "Feedback for this course is written by `workbook feedback` (hidden tests left out, problems on top, "
+        "answers not graded yet marked as such).",
+    r"/formgrader/api/assignment/([^/]+)/([^/]+)/generate_feedback":
+        "Feedback for this course is written by `workbook feedback` (hidden tests left out, problems on top, "
+        "answers not graded yet marked as such).",
+}
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    return [{"module": "autograder.formgrader"}]
+
+
+def _load_jupyter_server_extension(serverapp) -> None:
+    """Put the refusals in front of every other route (Formgrader's included)."""
+    from jupyter_server.base.handlers import JupyterHandler
+    from jupyter_server.utils import url_path_join
+    from tornado import web
+    from tornado.routing import HostMatches, Rule
+
+    def refusal(message: str) -> type:
+        class Refuse(JupyterHandler):
+            @web.authenticated
+            def post(self, *args: str) -> None:
+                self.finish(json.dumps({"success": False, "error": message, "log": message}))
+        return Refuse
+
+    app = serverapp.web_app
+    handlers = [(url_path_join(app.settings["base_url"], route), refusal(message)) for route, message in REFUSED.items()]
+    app.default_router.rules.insert(0, Rule(HostMatches(".*$"), web._ApplicationRouter(app, handlers)))
+
+
+def formgrader_url(course: Course, assignment: str | None = None) -> str:
+    """The path of Formgrader's page: the assignment's submissions, or its overview."""
+    if assignment is None:
+        return "/formgrader/gradebook"
+    notebooks = course.gradebook_notebooks(assignment)
+    notebook = assignment if assignment in notebooks or not notebooks else notebooks[0]
+    return f"/formgrader/gradebook/{assignment}/{notebook}"
+
+
+def formgrader_command(course: Course, assignment: str | None = None,
+                       lab_args: list[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of JupyterLab on the course folder, opening Formgrader."""
+    env = dict(os.environ)
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (str(CONFIG), env.get("JUPYTER_CONFIG_PATH")) if p)
+    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={course.root}",
+            f"--LabApp.default_url={formgrader_url(course, assignment)}", *lab_args]
+    if os.geteuid() == 0 and "--allow-root" not in argv:  # containers, CI machines
+        argv.append("--allow-root")
+    return argv, env
+
+
+def open_formgrader(course: Course, assignment: str | None = None, lab_args: list[str] = ()) -> int:
+    """Start Formgrader on ``course`` (this process becomes JupyterLab), or print the
+    address of the one already running there."""
+    from course_lib.workspace import running_server
+
+    server = running_server(course.root)
+    if server is not None:
+        token = f"?token={server['token']}" if server.get("token") else ""
+        print(f"Formgrader is already open on {course.root}: "
+              f"{server['url'].rstrip('/')}{formgrader_url(course, assignment)}{token}")
+        return 0
+    argv, env = formgrader_command(course, assignment, lab_args)
+    os.chdir(course.root)  # nbgrader finds the course's nbgrader_config.py here
+    os.execve(sys.executable, argv, env)
+    return 0  # not reached
