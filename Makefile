@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup lab test test-fast browser sandbox release check-release clean-grading
+.PHONY: setup lab test test-fast browser sandbox postgres release check-release clean-grading
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ setup: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/python -m course_lib.workspace $(ROOT_FLAG) $(LAB_ARGS)
 
-test: $(STAMP) browser sandbox
+test: $(STAMP) browser sandbox postgres
 	$(BIN)/python -m pytest
 
 # The JupyterLab end-to-end test drives headless Chromium. Installed here when possible
@@ -45,6 +45,15 @@ sandbox:
 	    echo "installing bubblewrap for the grading sandbox"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "note: bubblewrap (bwrap) not found: install it (sudo apt-get install bubblewrap) to grade safely"; fi; }
+
+# A PostgreSQL server for the tests of a PostgreSQL gradebook (each test starts its own in a
+# temporary folder): Debian's postgresql. Installed here when possible (root with apt-get).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing PostgreSQL for the gradebook tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	  else echo "note: PostgreSQL not found; the PostgreSQL gradebook tests will be skipped"; fi; }
 
 # Skip notebook execution and nbgrader runs (seconds instead of minutes).
 test-fast: $(STAMP)
