@@ -1,19 +1,24 @@
-"""What a student does: open a released notebook in JupyterLab 4 (headless Chromium),
-run all cells, and use the attention explorer. Everything must work offline: the page
-may only talk to the local server."""
+"""What a student does: `make lab` makes their own copy of a released notebook, which
+they open in JupyterLab 4 (headless Chromium, a laptop-sized window), run all cells, use
+the attention explorer, edit and save. Everything must work offline: the page may only
+talk to the local server. Every figure and widget fits the notebook's width."""
 
 from __future__ import annotations
 
+import json
+import shutil
 
 import pytest
 
-from browser import CHROMIUM, Chromium, JupyterLab, copy_for_lab
+from browser import CHROMIUM, Chromium, JupyterLab
 from conftest import ROOT
+from course_lib.workspace import sync
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (.ci/run installs it)")]
 
-NOTEBOOK = "03_self_attention.ipynb"
+NOTEBOOK = "03_self_attention/03_self_attention.ipynb"
+WIDTH = 1280  # a laptop screen; JupyterLab's default layout (file browser open) leaves the notebook ~1000 px
 # the notebook panel (shell.currentWidget is null in a headless window without focus)
 PANEL = "[...window.jupyterapp.shell.widgets('main')].find(w => w.content && w.sessionContext)"
 
@@ -65,10 +70,14 @@ def select(label: str, value: str) -> str:
 
 @pytest.fixture(scope="module")
 def lab_page(tmp_path_factory):
-    # screenshots of the run are left beside the copied notebook, in pytest's tmp folder
-    folder = copy_for_lab(ROOT / "notebooks" / "03_self_attention", tmp_path_factory.mktemp("lab"))
-    lab = JupyterLab(folder)
-    browser = Chromium()
+    # the course's notebook and the student's work/ folder, as `make lab` makes it;
+    # screenshots of the run are left in work/, in pytest's tmp folder
+    base = tmp_path_factory.mktemp("lab")
+    course, work = base / "notebooks", base / "work"
+    shutil.copytree(ROOT / "notebooks" / "03_self_attention", course / "03_self_attention")
+    assert sync(course, work) == [f"new: {NOTEBOOK}"]
+    lab = JupyterLab(work)
+    browser = Chromium(width=WIDTH, height=1800)
     try:
         browser.navigate(lab.url(NOTEBOOK))
         browser.wait_for(KERNEL_READY, timeout=120)
@@ -76,14 +85,14 @@ def lab_page(tmp_path_factory):
         browser.wait_for(f"{PANEL}.content.widgets.filter(c => c.model.type === 'code')"
                          ".every(c => c.model.executionCount !== null) && "
                          f"{PANEL}.sessionContext.session.kernel.status === 'idle'", timeout=300)
-        yield browser, folder
+        yield browser, work, course
     finally:
         browser.close()
         lab.close()
 
 
 def test_released_notebook_runs_all_cells_in_jupyterlab(lab_page):
-    browser, folder = lab_page
+    browser, folder, _ = lab_page
     summary = browser.evaluate(CELL_SUMMARY)
     assert summary["not_run"] == 0
     assert summary["errors"] == [], summary["errors"]
@@ -92,7 +101,7 @@ def test_released_notebook_runs_all_cells_in_jupyterlab(lab_page):
 
 
 def test_explorer_renders_and_updates_live(lab_page):
-    browser, folder = lab_page
+    browser, folder, _ = lab_page
     browser.evaluate(f"{PANEL}.content.widgets.filter(c => c.model.type === 'code').pop().node"
                      ".scrollIntoView()")
     before = browser.wait_for(EXPLORER_IMAGE, timeout=60)
@@ -110,7 +119,7 @@ def test_explorer_renders_and_updates_live(lab_page):
 
 
 def test_page_only_talks_to_the_local_server(lab_page):
-    browser, _ = lab_page
+    browser, _, _ = lab_page
     remote = [u for u in browser.requests
               if not u.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "about:"))]
     assert browser.requests, "no requests were recorded"
@@ -121,7 +130,7 @@ def test_students_see_no_instructor_tools(lab_page):
     """`make lab` opens JupyterLab without nbgrader's instructor and validation extensions
     (no Formgrader, no course or assignment lists, no Validate button claiming partial
     credit for untouched stubs), and the server does not serve the Formgrader."""
-    browser, folder = lab_page
+    browser, folder, _ = lab_page
     plugins = browser.evaluate("['@jupyter/nbgrader:formgrader', '@jupyter/nbgrader:create-assignment', "
                                "'@jupyter/nbgrader:validate-assignment', '@jupyter/nbgrader:assignment-list']"
                                ".filter(p => window.jupyterapp.hasPlugin(p))")
@@ -132,3 +141,58 @@ def test_students_see_no_instructor_tools(lab_page):
     assert "Validate" not in toolbar
     status = browser.evaluate("fetch('/formgrader').then(r => r.status)")
     assert status == 404
+
+
+OVERFLOW = f"""(() => {{
+  const panel = {PANEL}.content.node.getBoundingClientRect();
+  const cut = el => el.scrollWidth > el.clientWidth + 1;
+  const name = el => el.className + ': ' + (el.textContent || el.getAttribute('src') || '').slice(0, 40);
+  return {{
+    images: [...document.querySelectorAll('.jp-OutputArea-output img')].length,
+    widgets: [...document.querySelectorAll('.jupyter-widgets.widget-container, .widget-dropdown')].length,
+    wider_than_panel: [...document.querySelectorAll('.jp-OutputArea-output img, .jupyter-widgets')]
+      .filter(el => el.getBoundingClientRect().right > panel.right + 1).map(name),
+    scrolled_outputs: [...document.querySelectorAll('.jp-OutputArea-output')].filter(cut).map(name),
+    labels: [...document.querySelectorAll('.widget-label, .widget-label-basic, .widget-inline-hbox label')]
+      .filter(el => el.offsetParent !== null && el.textContent.trim()).map(el => el.textContent),
+    cut_labels: [...document.querySelectorAll('.widget-label, .widget-label-basic, .widget-inline-hbox label')]
+      .filter(el => el.offsetParent !== null && cut(el)).map(el => el.textContent),
+  }};
+}})()"""
+
+
+def test_figures_and_widgets_fit_a_laptop_window(lab_page):
+    """At a laptop's width every plot and the explorer sit inside the notebook, no output
+    scrolls sideways, and no widget label is cut short (the explorer's token labels are
+    checked inside the figure by tests/test_widget.py)."""
+    browser, folder, _ = lab_page
+    layout = browser.evaluate(OVERFLOW)
+    assert layout["images"] >= 5 and layout["widgets"] >= 3, layout  # four plots and the explorer
+    assert layout["wider_than_panel"] == [], layout["wider_than_panel"]
+    assert layout["scrolled_outputs"] == [], layout["scrolled_outputs"]
+    assert len(layout["labels"]) >= 3, layout["labels"]  # the explorer's controls are labelled
+    assert layout["cut_labels"] == [], layout["cut_labels"]
+    browser.screenshot(folder / "laptop-width.png")
+
+
+def test_the_student_edits_and_saves_their_own_copy(lab_page):
+    """Saving writes the student's copy in work/; the course's notebook is untouched, and
+    a later course update is offered beside the student's copy, never over it."""
+    browser, work, course = lab_page
+    mine, original = work / NOTEBOOK, (course / NOTEBOOK).read_bytes()
+    browser.evaluate(f"""(() => {{
+  const cell = {PANEL}.content.widgets.find(c => c.model.type === 'code');
+  cell.model.sharedModel.setSource(cell.model.sharedModel.getSource() + '\\n# my own note');
+  return {PANEL}.context.save();
+}})()""")
+    browser.wait_for(f"(() => {{ const w = {PANEL}; return w.context.model.dirty === false; }})()", timeout=30)
+    saved = json.loads(mine.read_text())
+    assert any("# my own note" in "".join(c["source"]) for c in saved["cells"])
+    assert (course / NOTEBOOK).read_bytes() == original
+
+    update = json.loads(original)
+    update["cells"][0]["source"] = "# A corrected introduction\n"
+    (course / NOTEBOOK).write_text(json.dumps(update))
+    assert sync(course, work) == [f"course update: 03_self_attention/03_self_attention (course update 1).ipynb "
+                                  f"(your {NOTEBOOK} is kept as it is)"]
+    assert "# my own note" in mine.read_text()
