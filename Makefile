@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup lab test test-fast browser sandbox postgres release check-release clean-grading
+.PHONY: setup lab test test-fast bench browser sandbox postgres release check-release clean-grading
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ postgres:
 # Skip notebook execution and nbgrader runs (seconds instead of minutes).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
+
+# Benchmarks (not tests): every notebook's wall time against its budget, course_lib's
+# attention against PyTorch's fused kernel. Run on an otherwise idle machine.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/notebook_times.py
+	$(BIN)/python benchmarks/attention_fast_path.py
 
 # Regenerate the student notebooks in notebooks/ from solutions/.
 release: $(STAMP)

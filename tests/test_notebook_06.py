@@ -1,4 +1,5 @@
-"""Notebook 06 (the Transformer): what its demonstrations must show, and its time bar."""
+"""Notebook 06 (the Transformer): what its demonstrations must show
+(its time against its budget: benchmarks/notebook_times.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Notebook 07 (BERT): the measured goals of its experiments, and its time bar."""
+"""Notebook 07 (BERT): the measured goals of its experiments
+(its time against its budget: benchmarks/notebook_times.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Notebook 08 (GPT and in-context learning): what its demonstrations must show, and
-its time bar."""
+"""Notebook 08 (GPT and in-context learning): what its demonstrations must show.
+(Its time against its budget: benchmarks/notebook_times.py.)"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Notebooks 01 and 02: what their demonstrations must show, and their time bar."""
+"""Notebooks 01 and 02: what their demonstrations must show
+(their time against the budget: benchmarks/notebook_times.py)."""
 
 from __future__ import annotations
 
