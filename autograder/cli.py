@@ -62,14 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("autograde", help="autograde submissions in parallel")
     p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
     p.add_argument("-s", "--student", action="append", help="only this student (repeatable)")
-    p.add_argument("-j", "--workers", type=int, default=0, help="worker processes (default: one per core)")
+    # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/settings.py)
+    p.add_argument("-j", "--workers", type=int, help="worker processes (default: one per core)")
     p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
-    p.add_argument("--notebook-timeout", type=_positive, default=1800, help="seconds per notebook (default 1800)")
-    p.add_argument("--memory-mb", type=_memory, default=None,
+    p.add_argument("--notebook-timeout", type=_positive, help="seconds per notebook (default 1800)")
+    p.add_argument("--memory-mb", type=_memory,
                    help="address-space limit of a notebook in MB (default 4096, none with --gpu: CUDA reserves "
                         "a large address space; 0: none)")
-    p.add_argument("--max-output-kb", type=_positive, default=256, help="output kept per cell (default 256)")
-    p.add_argument("--threads", type=_positive, default=1, help="CPU threads per notebook (default 1)")
+    p.add_argument("--max-output-kb", type=_positive, help="output kept per cell (default 256)")
+    p.add_argument("--threads", type=_positive, help="CPU threads per notebook (default 1)")
     p.add_argument("--force", action="store_true",
                    help="grade again submissions already graded with the same notebook, course and limits")
     p.add_argument("--gpu", action="store_true", help="let submissions use the NVIDIA GPUs (checks run on CUDA)")
@@ -169,14 +170,17 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
     assignments = args.assignments or course.submitted_assignments()
     if not assignments:
         raise CourseError(f"no submissions in {course.submitted_dir}: run `workbook collect` first")
-    cell_timeout = args.cell_timeout or int(course.setting("Execute", "timeout", 300))
-    memory = args.memory_mb if args.memory_mb is not None else (None if args.gpu else 4096)
-    limits = Limits(cell_timeout=cell_timeout, notebook_timeout=args.notebook_timeout,
-                    memory_mb=memory or None, max_output_kb=args.max_output_kb)
-    options = GradingOptions(workers=args.workers, limits=limits, threads_per_kernel=args.threads,
+    from .settings import workbook_settings
+    settings = workbook_settings(course, workers=args.workers, cell_timeout=args.cell_timeout,
+                                 notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
+                                 max_output_kb=args.max_output_kb, threads=args.threads, scheduler=args.scheduler)
+    cell_timeout = settings.cell_timeout or int(course.setting("Execute", "timeout", 300))
+    memory = settings.memory_mb if settings.memory_mb >= 0 else (0 if args.gpu else 4096)
+    limits = Limits(cell_timeout=cell_timeout, notebook_timeout=settings.notebook_timeout,
+                    memory_mb=memory or None, max_output_kb=settings.max_output_kb)
+    options = GradingOptions(workers=settings.workers, limits=limits, threads_per_kernel=settings.threads,
                              students=args.student, unsafe_no_sandbox=args.unsafe_no_sandbox, gpu=args.gpu,
-                             force=args.force,
-                             scheduler=args.scheduler or course.setting("Workbook", "scheduler", None) or None)
+                             force=args.force, scheduler=settings.scheduler or None)
     if args.unsafe_no_sandbox:
         print("warning: grading WITHOUT the sandbox: submissions' code runs with your privileges; every grade "
               "written is marked unverified.", file=sys.stderr)
