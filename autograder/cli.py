@@ -128,20 +128,19 @@ def _read_roster(path: str) -> set[str]:
 def _release(course: Course, args: argparse.Namespace) -> int:
     from . import release
     which = [args.assignment] if args.assignment else None
-    if which and which[0] not in release.assignments(course.root):
+    if which and which[0] not in release.assignments(course):
         raise CourseError(f"no assignment {which[0]!r} in {course.source_dir}; known: "
-                          f"{', '.join(release.assignments(course.root))}")
+                          f"{', '.join(release.assignments(course))}")
     if args.check:
-        problems = release.out_of_date(which, root=course.root)
+        problems = release.out_of_date(which, course)
         if problems:
-            print("notebooks/ is out of date with solutions/:")
+            print(f"{course.release_dir.name}/ is out of date with {course.source_dir.name}/:")
             print("\n".join(f"  - {p}" for p in problems))
             print("Regenerate with: workbook release")
             return 1
-        print("notebooks/ is in sync with solutions/.")
+        print(f"{course.release_dir.name}/ is in sync with {course.source_dir.name}/.")
         return 0
-    for path in release.release(which, root=course.root):
-        course.record_assignment(path.name)
+    for path in release.release(which, course, record=True):  # generated once, and recorded
         print(f"generated {path.relative_to(course.root)} and recorded it in the gradebook")
     return 0
 

@@ -196,25 +196,11 @@ class Course:
 
     def record_assignment(self, assignment: str) -> None:
         """Record ``assignment`` (its notebooks, graded cells, locked cells and hidden
-        tests) from ``solutions/`` in this course's gradebook, with nbgrader's
-        ``generate_assignment``; its student notebooks go to a throw-away folder, so
-        ``notebooks/`` is left as it is."""
-        from nbgrader.apps import NbGraderAPI
+        tests) from the source folder in this course's gradebook, with nbgrader's
+        ``generate_assignment``; the release folder is left as it is."""
+        from .release import generate
 
-        if not (self.source_dir / assignment).is_dir():
-            raise CourseError(f"no assignment {assignment!r} in {self.source_dir}")
-        self.grading_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="workbook-record-") as tmp:
-            cfg = Config(self.config)
-            cfg.CourseDirectory.release_directory = tmp
-            cfg.CourseDirectory.root = str(self.root)
-            coursedir = CourseDirectory(config=cfg)
-            api = NbGraderAPI(coursedir=coursedir, config=cfg)
-            api.log.setLevel("ERROR")
-            result = api.generate_assignment(assignment, force=True, create=True)
-        if not result["success"]:
-            raise CourseError(f"nbgrader could not record {assignment} in the gradebook:\n"
-                              f"{result.get('error', '')}\n{result.get('log', '')}")
+        generate(assignment, None, self, record=True)
 
     def submitted_assignments(self) -> list[str]:
         """Assignments that have at least one submission folder."""

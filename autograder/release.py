@@ -1,13 +1,17 @@
-"""Generate the student notebooks in ``notebooks/`` from ``solutions/`` and check they
-are in sync.
+"""Generate the student notebooks from the nbgrader source notebooks, and check that
+they are in sync.
 
     python -m autograder.release                 # regenerate every notebook
     python -m autograder.release 03_self_attention
-    python -m autograder.release --check         # exit 1 if notebooks/ is out of date
+    python -m autograder.release --check         # exit 1 if the student notebooks are out of date
 
-Generation runs nbgrader's ``generate_assignment`` in a temporary copy of the course,
-so the instructor's gradebook is never touched, then copies the result into
-``notebooks/``. The generated notebooks carry no outputs.
+The folders are the course's (``CourseDirectory.source_directory`` and
+``release_directory`` in ``nbgrader_config.py``: ``solutions/`` and ``notebooks/``
+here). Each assignment is generated once, by nbgrader's ``generate_assignment`` into a
+throw-away folder, then copied over with stable JSON; the generated notebooks carry no
+outputs. ``record=True`` (``workbook release``) records the assignment in the course's
+gradebook in that same run; otherwise (and for ``--check``) nbgrader runs on a
+temporary copy, so the gradebook is never touched.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import argparse
 import filecmp
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -23,59 +26,67 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-__all__ = ["ROOT", "assignments", "ensure_tools_on_path", "generate", "release", "out_of_date"]
+from .course import Course, CourseError
+
+__all__ = ["ROOT", "assignments", "generate", "release", "out_of_date"]
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = "solutions"
-RELEASE = "notebooks"
 
 
-def assignments(root: Path = ROOT) -> list[str]:
-    """Assignment ids: the folders of ``solutions/`` that hold a notebook, in order."""
-    source = root / SOURCE
+def _course(course: Course | None) -> Course:
+    return course if course is not None else Course(ROOT)
+
+
+def assignments(course: Course | None = None) -> list[str]:
+    """Assignment ids: the folders of the source directory that hold a notebook, in order."""
+    source = _course(course).source_dir
     return sorted(p.name for p in source.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
 
 
-def _nbgrader_config(course: Path) -> Config:
-    config = Config()
-    config.CourseDirectory.root = str(course)
-    config.CourseDirectory.source_directory = SOURCE
-    config.CourseDirectory.release_directory = RELEASE
-    config.CourseDirectory.db_url = f"sqlite:///{course / 'gradebook.db'}"
-    config.Exchange.root = str(course / "exchange")
-    return config
-
-
-def ensure_tools_on_path() -> None:
-    """Put this interpreter's scripts folder on PATH: nbgrader runs ``alembic`` and
-    ``jupyter`` as commands, which are missing when the virtualenv is not activated."""
-    scripts = str(Path(sys.executable).parent)
-    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
-
-
-def generate(assignment: str, dest: Path, root: Path = ROOT) -> Path:
-    """Generate the student version of ``assignment`` into ``dest/<assignment>/``."""
+def _generate_into(course: Course, assignment: str, out: Path, record: bool) -> Path:
+    """nbgrader's ``generate_assignment`` of ``assignment`` with ``out`` as the release
+    folder: on the course itself (``record``: the gradebook learns the assignment) or on
+    a temporary copy of its source. Returns ``out/<assignment>``."""
     from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
 
-    ensure_tools_on_path()
-    source = root / SOURCE / assignment
+    source = course.source_dir / assignment
     if not source.is_dir():
-        known = ", ".join(assignments(root))
-        raise ValueError(f"no assignment {assignment!r} in {root / SOURCE}; known: {known}")
-    with tempfile.TemporaryDirectory(prefix="workbook-release-") as tmp:
-        course = Path(tmp)
-        shutil.copytree(source, course / SOURCE / assignment,
+        raise CourseError(f"no assignment {assignment!r} in {course.source_dir}; known: "
+                          f"{', '.join(assignments(course))}")
+    cfg = Config(course.config)
+    cfg.CourseDirectory.release_directory = str(out)
+    if not record:
+        copy = out.parent / "course"
+        shutil.copytree(source, copy / "source" / assignment,
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-        api = NbGraderAPI(config=_nbgrader_config(course))
-        api.log.setLevel("ERROR")
-        result = api.generate_assignment(assignment, force=True, create=True)
-        if not result["success"]:
-            raise RuntimeError(f"nbgrader could not generate {assignment}:\n{result['error']}\n{result['log']}")
-        target = dest / assignment
+        cfg.CourseDirectory.root = str(copy)
+        cfg.CourseDirectory.source_directory = "source"
+        cfg.CourseDirectory.db_url = f"sqlite:///{copy / 'gradebook.db'}"
+        cfg.Exchange.root = str(copy / "exchange")
+    else:
+        course.grading_dir.mkdir(parents=True, exist_ok=True)
+    api = NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
+    api.log.setLevel("ERROR")
+    result = api.generate_assignment(assignment, force=True, create=True)
+    if not result["success"]:
+        raise CourseError(f"nbgrader could not generate {assignment}:\n{result.get('error', '')}\n"
+                          f"{result.get('log', '')}")
+    return out / assignment
+
+
+def generate(assignment: str, dest: Path | None, course: Course | None = None, record: bool = False) -> Path | None:
+    """Generate the student version of ``assignment`` into ``dest/<assignment>/``
+    (``dest=None``: only record it, with ``record``). Returns the folder written."""
+    course = _course(course)
+    with tempfile.TemporaryDirectory(prefix="workbook-release-") as tmp:
+        made = _generate_into(course, assignment, Path(tmp) / "release", record)
+        if dest is None:
+            return None
+        target = Path(dest) / assignment
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(course / RELEASE / assignment, target)
+        shutil.copytree(made, target)
     for nb in target.glob("*.ipynb"):
         _normalise(nb)
     return target
@@ -87,20 +98,23 @@ def _normalise(path: Path) -> None:
     path.write_text(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-def release(which: list[str] | None = None, root: Path = ROOT) -> list[Path]:
-    """Regenerate ``notebooks/<assignment>/`` for ``which`` (default: all)."""
-    return [generate(a, root / RELEASE, root) for a in (which or assignments(root))]
+def release(which: list[str] | None = None, course: Course | None = None, record: bool = False) -> list[Path]:
+    """Regenerate the release folder's ``<assignment>/`` for ``which`` (default: all)."""
+    course = _course(course)
+    return [generate(a, course.release_dir, course, record) for a in (which or assignments(course))]
 
 
-def out_of_date(which: list[str] | None = None, root: Path = ROOT) -> list[str]:
-    """Files of ``notebooks/`` that differ from a fresh generation (empty if in sync)."""
+def out_of_date(which: list[str] | None = None, course: Course | None = None) -> list[str]:
+    """Files of the release folder that differ from a fresh generation (empty if in sync)."""
+    course = _course(course)
+    source_name, release_name = course.source_dir.name, course.release_dir.name
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="workbook-check-") as tmp:
-        for assignment in which or assignments(root):
-            fresh = generate(assignment, Path(tmp), root)
-            committed = root / RELEASE / assignment
+        for assignment in which or assignments(course):
+            fresh = generate(assignment, Path(tmp), course)
+            committed = course.release_dir / assignment
             if not committed.is_dir():
-                problems.append(f"{RELEASE}/{assignment}/ is missing")
+                problems.append(f"{release_name}/{assignment}/ is missing")
                 continue
             fresh_files = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
             committed_files = {p.relative_to(committed) for p in committed.rglob("*") if p.is_file()
@@ -108,11 +122,11 @@ def out_of_date(which: list[str] | None = None, root: Path = ROOT) -> list[str]:
             for rel in sorted(fresh_files | committed_files):
                 a, b = fresh / rel, committed / rel
                 if not b.exists():
-                    problems.append(f"{RELEASE}/{assignment}/{rel} is missing")
+                    problems.append(f"{release_name}/{assignment}/{rel} is missing")
                 elif not a.exists():
-                    problems.append(f"{RELEASE}/{assignment}/{rel} has no source in {SOURCE}/")
+                    problems.append(f"{release_name}/{assignment}/{rel} has no source in {source_name}/")
                 elif not filecmp.cmp(a, b, shallow=False):
-                    problems.append(f"{RELEASE}/{assignment}/{rel} differs from {SOURCE}/")
+                    problems.append(f"{release_name}/{assignment}/{rel} differs from {source_name}/")
     return problems
 
 
@@ -120,20 +134,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograder.release", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
-    parser.add_argument("--check", action="store_true", help="only check that notebooks/ is up to date")
+    parser.add_argument("--check", action="store_true", help="only check that the student notebooks are up to date")
     args = parser.parse_args(argv)
+    course = Course(ROOT)
     which = args.assignments or None
-    if args.check:
-        problems = out_of_date(which)
-        if problems:
-            print("notebooks/ is out of date with solutions/:")
-            print("\n".join(f"  - {p}" for p in problems))
-            print("Regenerate with: make release")
-            return 1
-        print("notebooks/ is in sync with solutions/.")
-        return 0
-    for path in release(which):
-        print(f"generated {path.relative_to(ROOT)}")
+    try:
+        if args.check:
+            problems = out_of_date(which, course)
+            if problems:
+                print(f"{course.release_dir.name}/ is out of date with {course.source_dir.name}/:")
+                print("\n".join(f"  - {p}" for p in problems))
+                print("Regenerate with: make release")
+                return 1
+            print(f"{course.release_dir.name}/ is in sync with {course.source_dir.name}/.")
+            return 0
+        for path in release(which, course):
+            print(f"generated {path.relative_to(course.root)}")
+    except CourseError as exc:
+        print(f"release: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -108,3 +108,35 @@ def _plots_left_unread(assignment: str) -> list[int]:
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_every_plot_is_followed_by_what_to_read_in_it(assignment):
     assert _plots_left_unread(assignment) == []
+
+
+def test_release_follows_the_folders_of_nbgrader_config(tmp_path):
+    """`workbook release` reads the source and release folders from nbgrader_config.py,
+    generates into the release folder, records the assignment, and `--check` agrees."""
+    import shutil
+    import subprocess
+    import sys
+
+    from autograder.course import Course
+
+    a = "03_self_attention"
+    shutil.copytree(ROOT / "solutions" / a, tmp_path / "src" / a)
+    (tmp_path / "nbgrader_config.py").write_text(
+        "c = get_config()\nc.CourseDirectory.source_directory = 'src'\n"
+        "c.CourseDirectory.release_directory = 'student'\n"
+        f"c.CourseDirectory.db_url = 'sqlite:///{tmp_path / 'gradebook.db'}'\n")
+
+    def workbook(*args):
+        return subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(tmp_path), *args],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    made = workbook("release", a)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip() == f"generated student/{a} and recorded it in the gradebook"
+    released = (tmp_path / "student" / a / f"{a}.ipynb").read_text()
+    assert released == (ROOT / "notebooks" / a / f"{a}.ipynb").read_text()  # the same student notebook
+    assert not (tmp_path / "notebooks").exists() and not (tmp_path / "release").exists()
+    with Course(tmp_path).gradebook() as gb:
+        assert [nb.name for nb in gb.find_assignment(a).notebooks] == [a]
+    check = workbook("release", "--check")
+    assert check.returncode == 0 and check.stdout.strip() == "student/ is in sync with src/."
