@@ -46,7 +46,7 @@ from traitlets.config import Config
 from .course import Course, CourseError, read_json, write_json_atomic
 from .pool import WorkerPool
 from .sandbox import Limits, SandboxUnavailable, check_available
-from .supervisor import Problem
+from .problems import problem
 
 __all__ = ["GradingOptions", "autograde", "Problem", "MAX_NOTEBOOK_MB", "Limits"]
 
@@ -88,23 +88,23 @@ def read_submission(path: Path) -> tuple[NotebookNode | None, list[dict]]:
     """Read a submitted notebook as nbformat 4; (None, reasons) when it cannot be read.
     A symbolic link is never followed (it could point at a solution or another student's work)."""
     if path.is_symlink() or any(p.is_symlink() for p in path.parents[:2]):
-        return None, [Problem("symlink", f"{path.name} is a symbolic link; it was not read")]
+        return None, [problem("symlink", f"{path.name} is a symbolic link; it was not read")]
     if not path.is_file():
-        return None, [Problem("missing", f"no submitted notebook {path.name}")]
+        return None, [problem("missing", f"no submitted notebook {path.name}")]
     size = path.stat().st_size
     if size > MAX_NOTEBOOK_MB * 1024 * 1024:
-        return None, [Problem("invalid_notebook", f"{path.name} is {size / 2**20:.0f} MB, over the "
+        return None, [problem("invalid_notebook", f"{path.name} is {size / 2**20:.0f} MB, over the "
                                                    f"{MAX_NOTEBOOK_MB} MB limit for a notebook")]
     text = path.read_bytes().decode("utf-8", errors="replace")
     try:
         raw = json.loads(text)
     except ValueError as exc:
-        return None, [Problem("invalid_json", f"{path.name} is not valid notebook JSON ({exc}); "
+        return None, [problem("invalid_json", f"{path.name} is not valid notebook JSON ({exc}); "
                                               "the file is damaged or was not saved from Jupyter")]
     problems = []
     version = raw.get("nbformat") if isinstance(raw, dict) else None
     if not isinstance(version, int):
-        return None, [Problem("invalid_notebook", f"{path.name} is JSON but not a Jupyter notebook "
+        return None, [problem("invalid_notebook", f"{path.name} is JSON but not a Jupyter notebook "
                                                   "(no nbformat version)")]
     try:
         nb = nbformat.reads(text, as_version=4)
@@ -114,10 +114,10 @@ def read_submission(path: Path) -> tuple[NotebookNode | None, list[dict]]:
         nb.nbformat_minor = max(nb.nbformat_minor, 5)
         nbformat.validate(nb)
     except Exception as exc:  # nbformat raises many kinds on damaged input
-        return None, [Problem("invalid_notebook", f"{path.name} is not a readable notebook: "
+        return None, [problem("invalid_notebook", f"{path.name} is not a readable notebook: "
                                                   f"{type(exc).__name__}: {str(exc)[:300]}")]
     if version < 4:
-        problems.append(Problem("old_format", f"written by an older Jupyter (nbformat {version}); "
+        problems.append(problem("old_format", f"written by an older Jupyter (nbformat {version}); "
                                               "converted to nbformat 4 before grading"))
     return nb, problems
 
@@ -157,13 +157,13 @@ def _structural_problems(nb: NotebookNode, gb: Gradebook, notebook: str, assignm
             except Exception:  # damaged metadata
                 edited = True
             if edited:
-                problems.append(Problem("edited_locked", f"locked cell {gid!r} was edited; "
+                problems.append(problem("edited_locked", f"locked cell {gid!r} was edited; "
                                                          "the original was put back before grading", gid))
     for gid in sorted({i for i in ids if ids.count(i) > 1}):
-        problems.append(Problem("duplicate_cells", f"cell {gid!r} appears {ids.count(gid)} times; only "
+        problems.append(problem("duplicate_cells", f"cell {gid!r} appears {ids.count(gid)} times; only "
                                                    "the last copy is graded", gid))
     for gid in sorted(grade_cells - set(ids)):
-        problems.append(Problem("deleted_cells", f"graded cell {gid!r} was deleted; the original was "
+        problems.append(problem("deleted_cells", f"graded cell {gid!r} was deleted; the original was "
                                                  "put back before grading", gid))
     return problems
 
@@ -189,7 +189,7 @@ def sanitize(nb: NotebookNode, course: Course, resources: dict) -> tuple[Noteboo
     try:
         return run(True), problems
     except Exception as exc:  # nbgrader could not put the deleted cells back
-        problems.append(Problem("deleted_cells", "deleted graded cells could not be put back "
+        problems.append(problem("deleted_cells", "deleted graded cells could not be put back "
                                                  f"({type(exc).__name__}); they score 0"))
         return run(False), problems
 
@@ -458,7 +458,7 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                     task.job = {"skip": True}
                     continue
                 nb, problems = read_submission(path)
-                problems += [Problem("symlink", f"{link} is a symbolic link; it was not given to the notebook")
+                problems += [problem("symlink", f"{link} is a symbolic link; it was not given to the notebook")
                              for link in links]
                 task.problems = problems
                 problems[:0] = [note for note in collect_notes.get(student, [])
@@ -472,7 +472,7 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                     nb, more = sanitize(nb, course, resources)
                     problems.extend(more)
                 except Exception as exc:
-                    problems.append(Problem("invalid_notebook", "nbgrader could not read the graded cells "
+                    problems.append(problem("invalid_notebook", "nbgrader could not read the graded cells "
                                                                 f"({type(exc).__name__}: {str(exc)[:200]})"))
                     continue
                 items = _test_items(nb)
@@ -536,7 +536,7 @@ def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | Non
                               "fingerprint": task.fingerprint, "unverified": options.unsafe_no_sandbox}
     if result is None or "crash" in result:
         if result is not None:
-            problems.append(Problem("worker_crash" if not result.get("hard_timeout") else "notebook_timeout",
+            problems.append(problem("worker_crash" if not result.get("hard_timeout") else "notebook_timeout",
                                     result["crash"]))
         _zero_grades(gb, n, a, s, keep=set())
         record["status"] = "failed"
@@ -559,15 +559,15 @@ def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | Non
         for cell in result["cells"]:
             if cell["error"] and not any(p.get("cell") == cell["grade_id"] and p["kind"] != "error"
                                          for p in problems):
-                problems.append(Problem("test_failed", f"{cell['grade_id']}: {cell['error']}", cell["grade_id"]))
+                problems.append(problem("test_failed", f"{cell['grade_id']}: {cell['error']}", cell["grade_id"]))
         for item, data in result.get("items", {}).items():
             if data.get("reference_used"):
-                problems.append(Problem("reference_used", f"{item}: {data['reference_used']}", f"test_{item}"))
+                problems.append(problem("reference_used", f"{item}: {data['reference_used']}", f"test_{item}"))
         record["cells"] = result["cells"]
         record["items"] = result.get("items", {})
         record["seconds"] = round(result["seconds"], 2)
     if options.unsafe_no_sandbox:
-        problems.append(Problem("unverified", "graded with --unsafe-no-sandbox: the submission's code ran "
+        problems.append(problem("unverified", "graded with --unsafe-no-sandbox: the submission's code ran "
                                               "unsealed, so this grade is not verified"))
     score, max_score = _notebook_totals(gb, n, a, s)
     record.update(score=score, max_score=max_score, problems=problems)

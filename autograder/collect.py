@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+from .problems import problem
 from .course import Course, CourseError, read_json, write_json_atomic
 
 __all__ = ["collect", "CollectResult", "DEFAULT_PATTERN"]
@@ -272,7 +273,7 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
         for notebook, (name, data, note) in sorted(slot.items()):
             if note:
                 kind = "invalid_notebook" if "not valid notebook JSON" in note else "renamed"
-                notes.append({"kind": kind, "message": note, "cell": ""})
+                notes.append(problem(kind, note))
             if not dry_run:
                 dest.mkdir(parents=True, exist_ok=True)
                 (dest / f"{notebook}.ipynb").write_bytes(data)

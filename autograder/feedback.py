@@ -27,6 +27,7 @@ from nbgrader.api import Gradebook
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades, NbGraderPreprocessor
 from traitlets.config import Config
 
+from .problems import problem
 from .course import Course, read_json
 
 __all__ = ["generate_feedback", "problems_html"]
@@ -160,7 +161,7 @@ def generate_feedback(course: Course, assignment: str, students: list[str] | Non
             except Exception as exc:  # report it on the page rather than stop the batch
                 for record in report["notebooks"].values():
                     record.setdefault("problems", []).append(
-                        {"kind": "feedback", "message": f"nbgrader could not render the feedback: {exc}", "cell": ""})
+                        problem("feedback", f"nbgrader could not render the feedback: {exc}"))
         out_dir.mkdir(parents=True, exist_ok=True)
         files = []
         for notebook, record in sorted(report["notebooks"].items()):

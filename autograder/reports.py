@@ -8,12 +8,12 @@ from pathlib import Path
 
 from nbgrader.api import MissingEntry
 
+from .problems import FLAGS
 from .course import Course, CourseError, read_json
 
 __all__ = ["grade_rows", "export_csv", "status_table", "split_points", "check_assignments", "FLAG_KINDS"]
 
-# problems that are for the instructor to look at, not reasons a notebook lost points
-FLAG_KINDS = ("copied_reference", "reference_used")
+FLAG_KINDS = FLAGS  # problems for the instructor to look at, not reasons a notebook lost points
 
 
 def split_points(submission) -> tuple[float, float, float]:

@@ -42,6 +42,7 @@ from course_lib.grading.runner import ItemResult, SubResult, format_report, judg
 from course_lib.grading.wire import Limits as WireLimits
 from course_lib.grading.wire import decode
 
+from .problems import problem
 from . import sandbox
 from .channel import FrameReader, ProtocolError
 from .oracle import Oracle
@@ -58,11 +59,6 @@ MAX_ANSWERS = 256 * 2**20  # all the answers of one item
 STRICT = WireLimits(max_bytes=MAX_FRAME, max_header=4 * 2**20, max_nodes=200_000)  # what the sandbox may send
 _OUTPUT_TYPES = {"stream", "display_data", "execute_result", "error"}
 _SAFE_MIME = {"text/plain", "image/png", "image/jpeg"}
-
-
-def Problem(kind: str, message: str, cell: str = "") -> dict[str, str]:  # noqa: N802
-    """One reason recorded for a submission (``kind`` is a short keyword)."""
-    return {"kind": kind, "message": message, "cell": cell}
 
 
 def _nbgrader(cell: dict) -> dict:
@@ -183,7 +179,7 @@ class _Run:
     def event(self, kind: str, index: int | None, message: str) -> None:
         cell = self.cells[index] if index is not None and 0 <= index < len(self.cells) else {}
         where = _where(index, cell) + ": " if index is not None else ""
-        self.events.append(Problem(kind, clean_text(where + message), clean_text(_nbgrader(cell).get("grade_id", ""))))
+        self.events.append(problem(kind, clean_text(where + message), clean_text(_nbgrader(cell).get("grade_id", ""))))
 
     def add_output(self, index: Any, output: Any) -> None:
         if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self.current:
@@ -453,7 +449,7 @@ class _Supervisor:
             plan = plan_item(spec, hidden=True, device=self.device, salt=self.salts.get(item, 0))
             subject = Subject.of(spec).as_data()
         except Exception as exc:  # noqa: BLE001 - a fault of the grader's, not of the submission
-            run.events.append(Problem("grader_error", f"{item}: the grader could not plan its checks "
+            run.events.append(problem("grader_error", f"{item}: the grader could not plan its checks "
                                                       f"({type(exc).__name__}: {exc})", gid))
             self.reply({"type": "no_plan"})
             return
@@ -663,7 +659,7 @@ def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandb
             if result is None:
                 report = f"✗ {gid}: no check is defined for this test cell; it scores 0."
                 score, max_score = 0.0, float(_nbgrader(cell).get("points", 0) or 0)
-                run.events.append(Problem("no_check", f"{gid}: no check is defined for this test cell", gid))
+                run.events.append(problem("no_check", f"{gid}: no check is defined for this test cell", gid))
             else:
                 report, score, max_score = format_report(result), round(result.score, 4), float(result.total_points)
             cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": report + "\n"},
@@ -693,7 +689,7 @@ def _copies(nb: dict, items: list[str]) -> list[dict]:
         if cell.get("cell_type") == "code" and not _nbgrader(cell).get("locked"):
             source = cell.get("source", "")
             sources.append((_where(index, cell), "".join(source) if isinstance(source, list) else str(source)))
-    return [Problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
+    return [problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
                                         f"{f['item']} (similarity {f['similarity']:.2f}); check it was not copied",
                     f"test_{f['item']}") for f in find_copies(sources, items)]
 
