@@ -25,12 +25,14 @@ import nbgrader as nbgrader_package
 from nbgrader import utils as nbutils
 from nbgrader.api import Gradebook
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades, NbGraderPreprocessor
+from jinja2 import Environment, FileSystemLoader
+from traitlets import Unicode
 from traitlets.config import Config
 
 from .problems import problem
 from .course import Course, read_json
 
-__all__ = ["generate_feedback", "problems_html"]
+__all__ = ["generate_feedback", "grading_notes"]
 
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 _NBGRADER_TEMPLATES = Path(nbgrader_package.__file__).resolve().parent / "server_extensions" / "formgrader" / "templates"
@@ -105,31 +107,40 @@ class RenderMath(NbGraderPreprocessor):
         return cell, resources
 
 
-def problems_html(record: dict) -> str:
-    """An HTML box listing a notebook's score and the problems found while grading
-    (flags meant for the instructor are left out)."""
-    shown = [p for p in record.get("problems", []) if p.get("kind") != "copied_reference"]
-    items = "".join(f"<li>{html.escape(p['message'])}</li>" for p in shown)
-    score = f"{record.get('score', 0):g} / {record.get('max_score', 0):g}"
-    body = f"<ul>{items}</ul>" if items else "<p>No problems were found while grading.</p>"
-    if record.get("unverified"):
-        body = ("<p><strong>Unverified grade:</strong> this notebook was graded without the grading sandbox; "
-                "the score may change when it is graded again.</p>") + body
-    return ('<div class="workbook-grading-notes" style="border:2px solid #c60;padding:1em;margin:1em">'
-            f"<h3>Autograding: {html.escape(record['notebook'])} — {score} points</h3>{body}</div>")
+def grading_notes(record: dict) -> dict:
+    """What the top of a notebook's feedback page shows (templates/workbook_feedback/
+    grading_notes.html.j2): its score, whether it is unverified, and the problems found
+    while grading (flags meant for the instructor left out)."""
+    return {"notebook": record["notebook"], "score": f"{record.get('score', 0):g}",
+            "max_score": f"{record.get('max_score', 0):g}", "unverified": bool(record.get("unverified")),
+            "problems": [p["message"] for p in record.get("problems", []) if p.get("kind") != "copied_reference"]}
+
+
+class AddGradingNotes(NbGraderPreprocessor):
+    """Puts the notebook's grading notes (from its report) in ``resources["workbook_notes"]``."""
+
+    reports_dir = Unicode("", help="grading/reports of the course").tag(config=True)
+
+    def preprocess(self, nb, resources):  # noqa: ANN001, ANN201
+        ids = resources["nbgrader"]
+        report = read_json(Path(self.reports_dir) / ids["assignment"] / f"{ids['student']}.json") or {}
+        record = report.get("notebooks", {}).get(ids["notebook"])
+        if record is not None:
+            resources["workbook_notes"] = grading_notes(record)
+        return nb, resources
 
 
 def _failure_page(record: dict, assignment: str, student: str) -> str:
-    title = html.escape(f"{assignment} / {record['notebook']} — feedback for {student}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
-            f"<body><h1>{title}</h1><p>This notebook could not be graded.</p>{problems_html(record)}"
-            "</body></html>\n")
+    env = Environment(loader=FileSystemLoader(str(_TEMPLATES / "workbook_feedback")), autoescape=True)
+    return env.get_template("failure.html.j2").render(
+        title=f"{assignment} / {record['notebook']} — feedback for {student}", notes=grading_notes(record)) + "\n"
 
 
 def _nbgrader_feedback(course: Course, assignment: str, student: str) -> None:
     cfg = Config(course.config)
     cfg.GenerateFeedback.preprocessors = [HideTestTracebacks, ClearHiddenTests, GetGrades, MarkAwaitingAnswers,
-                                            RenderMath, CSSHTMLHeaderPreprocessor]
+                                            RenderMath, AddGradingNotes, CSSHTMLHeaderPreprocessor]
+    cfg.AddGradingNotes.reports_dir = str(course.reports_dir)
     cfg.ClearHiddenTests.enforce_metadata = False
     cfg.HTMLExporter.template_name = "workbook_feedback"  # nbgrader's, with MathML and "not graded yet"
     cfg.HTMLExporter.template_file = "workbook.html.j2"
@@ -166,12 +177,7 @@ def generate_feedback(course: Course, assignment: str, students: list[str] | Non
         files = []
         for notebook, record in sorted(report["notebooks"].items()):
             page = out_dir / f"{notebook}.html"
-            if page.exists():
-                text = page.read_text(encoding="utf-8")
-                at = text.find(">", text.find("<body")) + 1
-                text = text[:at] + problems_html(record) + text[at:] if at > 0 else problems_html(record) + text
-                page.write_text(text, encoding="utf-8")
-            else:
+            if not page.exists():  # nbgrader wrote none: the notebook could not be graded
                 page.write_text(_failure_page(record, assignment, student), encoding="utf-8")
             files.append(page)
         written[student] = files

@@ -116,6 +116,13 @@ def test_written_answers_are_not_graded_yet_until_a_person_grades_them(late_clas
     assert page.count("Not graded yet (2.0 points)") == 2 and "Score: 1.5 / 2.0" in page
 
 
+def test_feedback_page_starts_with_the_grading_notes(late_class):
+    page = html.unescape(_page(late_class["course"], "early"))
+    notes = page.index("Autograding: 03_self_attention — 13 / 19 points")
+    assert page.index("No problems were found while grading.") > notes
+    assert notes < page.index("not graded yet") and notes > page.index("<body")
+
+
 def test_feedback_math_is_mathml_and_needs_no_network(late_class):
     page = _page(late_class["course"], "early")
     assert page.count("<math") > 20

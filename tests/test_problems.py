@@ -31,3 +31,16 @@ def test_every_kind_recorded_anywhere_is_listed():
     assert len(used) >= 20
     assert used <= set(KINDS), used - set(KINDS)
     assert FLAGS <= set(KINDS)
+
+
+def test_problem_messages_are_text_on_a_feedback_page():
+    """A message can quote the student's code or output: the page shows it, never runs it."""
+    from autograder.feedback import _failure_page
+
+    record = {"notebook": "03_self_attention", "score": 0, "max_score": 19,
+              "problems": [problem("error", "cell 4: raised ValueError: <script>alert(1)</script>"),
+                           problem("copied_reference", "for the instructor only")]}
+    page = _failure_page(record, "03_self_attention", "<b>mallory</b>")
+    assert "<script>" not in page and "<b>mallory" not in page
+    assert "raised ValueError: &lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "for the instructor only" not in page and "Autograding: 03_self_attention — 0 / 19 points" in page
