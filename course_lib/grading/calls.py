@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import math
 import os
 import sys
 import tempfile
@@ -510,6 +511,43 @@ def _after_probe(subject: Subject) -> Callable[[Any, dict], Any]:
     return probe
 
 
+def _memory_probe(subject: Subject) -> Callable[[Any, dict], Any]:
+    """Built-in probe ``"memory"``: run the implementation and report, beside its output,
+    the shape of the largest tensor any operation made during the call (the inputs are
+    not counted), e.g. to check that windowed attention never builds a ``(T, T)`` tensor."""
+
+    def probe(impl: Any, inputs: dict) -> dict:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        largest: list[int] = []
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and (not largest or t.numel() > math.prod(largest)):
+                        largest[:] = list(t.shape)
+                return out
+
+        with Record():
+            out = subject.invoke(impl, inputs)
+        return {"output": out, "largest": largest}
+
+    return probe
+
+
+def _methods_probe(impl: Any, inputs: dict) -> list:
+    """Built-in probe ``"methods"``: construct ``impl()`` and call its methods in turn,
+    ``inputs["_methods"]`` a list of ``[name, kwargs]`` (``"len"`` for ``len(obj)``);
+    report each call's result (e.g. a cache's ``append`` and ``len``)."""
+    obj = impl()
+    results = []
+    for name, kwargs in inputs["_methods"]:
+        results.append(len(obj) if name == "len" else getattr(obj, name)(**kwargs))
+    return results
+
+
 def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
     """Run ``call`` on ``impl`` (the student's, the reference or a mistake) and return the
     answer as plain data: ``{"ok": True, "value": ..., "warnings": [...]}`` or
@@ -530,6 +568,10 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
         probe = _layout_probe
     elif call.probe == "after":
         probe = _after_probe(spec)
+    elif call.probe == "memory":
+        probe = _memory_probe(spec)
+    elif call.probe == "methods":
+        probe = _methods_probe
     else:
         probe = None
     if probe is None:
@@ -556,6 +598,8 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
         except RecursionError as exc:
             return _error("recursion", exc)
         except Exception as exc:  # the student's code may raise anything
+            if used:  # it called the reference before failing: that is what the student hears
+                return {"ok": False, "kind": "reference", "text": used[0]}
             if getattr(exc, "refused_item", None) == spec.name:  # the grader refused the reference itself
                 return {"ok": False, "kind": "reference",
                         "text": f"it calls {str(getattr(spec.reference, '__workbook_reference__', spec.name)).replace(':', '.')}, "
