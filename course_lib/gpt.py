@@ -15,18 +15,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .attention import causal_mask
 from .multihead import MultiHeadAttention
 
-__all__ = ["causal_self_mask", "cached_causal_mask", "GPTBlock", "GPT", "gpt_parameter_count", "GPT2_XL", "GPT3"]
+__all__ = ["cached_causal_mask", "GPTBlock", "GPT", "gpt_parameter_count", "GPT2_XL", "GPT3"]
 
 # Hyper-parameters of the two published models (Radford et al. 2019; Brown et al. 2020).
 GPT2_XL = dict(n_layer=48, num_heads=25, d_model=1600, vocab_size=50257, n_ctx=1024)
 GPT3 = dict(n_layer=96, num_heads=96, d_model=12288, vocab_size=50257, n_ctx=2048)
-
-
-def causal_self_mask(T: int, device: torch.device | str | None = None) -> Tensor:
-    """``(T, T)`` boolean mask, True on and below the diagonal."""
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
 def cached_causal_mask(T: int, past: int, device: torch.device | str | None = None) -> Tensor | None:
@@ -66,7 +62,7 @@ class GPTBlock(nn.Module):
             raise ValueError(f"GPTBlock expects x of shape (B, T, d_model), got {tuple(x.shape)}")
         h = self.ln1(x)
         if cache is None:
-            mask = causal_self_mask(x.size(1), x.device)
+            mask = causal_mask(x.size(1), x.device)
         else:
             mask = cached_causal_mask(x.size(1), len(cache), x.device)
         a, weights = self.attn(h, h, h, mask=mask, need_weights=need_weights, cache=cache)

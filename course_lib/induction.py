@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .gpt import causal_self_mask
+from .attention import causal_mask
 from .multihead import MultiHeadAttention
 
 __all__ = ["repeated_random_tokens", "AttentionOnlyTransformer", "per_position_loss", "induction_scores",
@@ -67,7 +67,7 @@ class AttentionOnlyTransformer(nn.Module):
         if T > self.block_size:
             raise ValueError(f"sequence length {T} exceeds the block size {self.block_size}")
         x = self.tok_emb(idx) + self.pos_emb(torch.arange(T, device=idx.device))
-        mask = causal_self_mask(T, idx.device)
+        mask = causal_mask(T, idx.device)
         weights = []
         for layer in self.layers:
             a, w = layer(x, x, x, mask=mask, need_weights=need_weights)

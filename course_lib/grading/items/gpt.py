@@ -270,14 +270,9 @@ LOGITS_B = [-1.0, 0.5, 3.0, 1.0, 0.0, 2.2]
 
 
 def _expected_probs(rows: list[list[float]], temperature: float, top_k: int | None) -> Tensor:
-    logits = torch.tensor(rows, dtype=torch.float64)
-    if temperature == 0:
-        return F.one_hot(logits.argmax(-1), logits.size(-1)).double()
-    s = logits / temperature
-    if top_k is not None and top_k < s.size(-1):
-        kth = s.topk(top_k, dim=-1).values[:, -1:]
-        s = s.masked_fill(s < kth, float("-inf"))
-    return torch.softmax(s, dim=-1)
+    """The distribution the reference draws from (float64), for comparing frequencies."""
+    with unwatched():
+        return ref_sampling.next_token_probs(torch.tensor(rows, dtype=torch.float64), temperature, top_k)
 
 
 class _SampleCase:
