@@ -21,6 +21,9 @@ Modules, one idea each:
 - ``course_lib.sampling``   greedy/temperature/top-k next-token sampling and ``generate`` with context cropping
 - ``course_lib.icl``        in-context task samplers, a small ICL transformer, a nearest-centroid baseline, few-shot accuracy
 - ``course_lib.induction``  repeated-random-token data, attention-only transformers, induction scores
+- ``course_lib.efficient_attention`` local/dilated/global masks, sliding-window and tiled (online-softmax) attention, KV cache, Performer features, linear attention
+- ``course_lib.long_context`` a one-layer model with full, windowed or window + global attention for long inputs
+- ``course_lib.cost``       time and memory of attention as the sequence grows
 - ``course_lib.tiny_models`` a small configurable attention model and its training loop
 - ``course_lib.plotting``   heatmaps and curves used by the notebooks
 - ``course_lib.widgets``    the interactive attention explorer

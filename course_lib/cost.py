@@ -6,6 +6,7 @@ import time
 from typing import Callable, Sequence
 
 import torch
+from torch import Tensor
 
 from .attention import scaled_dot_product_attention
 from .device import torch_threads
@@ -63,3 +64,24 @@ def _measure(lengths, d_k, heads, repeats, device, attend) -> dict[str, list]:
         result["seconds"].append(best)
         result["weight_bytes"].append(weights.numel() * weights.element_size())
     return result
+
+
+def largest_tensor_bytes(fn: Callable[[], object]) -> int:
+    """Bytes of the largest tensor any operation makes while ``fn()`` runs (its inputs
+    not counted): the size of attention's biggest intermediate, e.g. ``(T, T)`` scores."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    largest = [0]
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, Tensor):
+                    largest[0] = max(largest[0], t.numel() * t.element_size())
+            return out
+
+    with Record():
+        fn()
+    return largest[0]

@@ -31,6 +31,7 @@ __all__ = [
     "dilated_window_mask",
     "add_global_tokens",
     "sliding_window_attention",
+    "local_global_attention",
     "online_softmax_attention",
     "KVCache",
     "cached_generate",
@@ -93,6 +94,31 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, causa
     inside = (key_pos >= 0) & (key_pos < T)  # (T, W): padding is never attended to
     weights = torch.softmax(scores.masked_fill(~inside, float("-inf")), dim=-1)
     return (weights.unsqueeze(-2) @ v_win).squeeze(-2)
+
+
+def local_global_attention(q: Tensor, k: Tensor, v: Tensor, window: int,
+                           global_positions: Sequence[int] = (0,)) -> Tensor:
+    """Longformer's attention without a ``(T, T)`` tensor: each query attends to the keys
+    with ``|i - j| < window`` and to the global positions; a global query attends to every
+    key. Equals masked full attention with
+    ``add_global_tokens(sliding_window_mask(T, window, causal=False), global_positions)``.
+
+    ``q, k (..., T, d_k)``, ``v (..., T, d_v)`` -> ``(..., T, d_v)``; memory
+    ``O(T · (window + G))`` for ``G`` global positions.
+    """
+    T = q.size(-2)
+    g = torch.as_tensor(list(global_positions), dtype=torch.long, device=q.device)
+    left = right = window - 1
+    scale = 1.0 / math.sqrt(q.size(-1))
+    k_win, v_win = _window_view(k, left, right), _window_view(v, left, right)  # (..., T, W, d)
+    s_win = (q.unsqueeze(-2) @ k_win.transpose(-2, -1)).squeeze(-2) * scale  # (..., T, W)
+    key_pos = torch.arange(T, device=q.device)[:, None] + torch.arange(-left, right + 1, device=q.device)
+    usable = (key_pos >= 0) & (key_pos < T) & ~torch.isin(key_pos, g)  # global keys are counted once, below
+    s_glob = (q @ k[..., g, :].transpose(-2, -1)) * scale  # (..., T, G)
+    w = torch.softmax(torch.cat([s_win.masked_fill(~usable, float("-inf")), s_glob], dim=-1), dim=-1)
+    out = (w[..., :-len(g)].unsqueeze(-2) @ v_win).squeeze(-2) + w[..., -len(g):] @ v[..., g, :]
+    full_rows = torch.softmax((q[..., g, :] @ k.transpose(-2, -1)) * scale, dim=-1) @ v  # (..., G, d_v)
+    return out.index_copy(-2, g, full_rows)
 
 
 def online_softmax_attention(q: Tensor, k: Tensor, v: Tensor, block_size: int, causal: bool = False) -> Tensor:

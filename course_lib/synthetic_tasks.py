@@ -2,6 +2,8 @@
 
 - ``offset_digits_batch``: every output needs two tokens at fixed distances back, and
   which is which; a multi-head layer can give each distance its own head (notebook 04).
+- ``shift_by_first_batch``: every output needs the first token of a long input, however
+  far back it is; a sliding window alone cannot see it, a global token can (notebook 09).
 - ``sortedness_batch``: "is this sequence sorted?", which only order can answer: the
   unsorted examples are permutations of the same multisets as the sorted ones (notebook 05).
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["IGNORE_INDEX", "offset_digits_batch", "sortedness_batch", "is_sorted"]
+__all__ = ["IGNORE_INDEX", "offset_digits_batch", "sortedness_batch", "is_sorted", "shift_by_first_batch"]
 
 IGNORE_INDEX = -100  # targets with this value are left out of the loss (torch's default)
 
@@ -77,3 +79,22 @@ def sortedness_batch(batch_size: int, T: int, vocab_size: int = 32,
             i = int(candidates[torch.randint(len(candidates), (1,), generator=generator)])
             row[i], row[i + 1] = row[i + 1].clone(), row[i].clone()
     return tokens, is_sorted(tokens).long()
+
+
+def shift_by_first_batch(batch_size: int, T: int, n_shifts: int = 4, vocab_size: int = 8,
+                         generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Long inputs whose every answer depends on the first token.
+
+    ``tokens[:, 0]`` is a shift token ``vocab_size + s`` (``s`` in ``0 .. n_shifts-1``), the
+    others are digits in ``0 .. vocab_size-1``; the target at ``t ≥ 1`` is
+    ``(tokens[t] + s) mod vocab_size`` (``IGNORE_INDEX`` at ``t = 0``). Without seeing the
+    first token the best guess is right ``1 / n_shifts`` of the time. Returns ``tokens (B, T)``
+    (``vocab_size + n_shifts`` token ids) and ``targets (B, T)``.
+    """
+    _check_batch(batch_size, T)
+    x = torch.randint(0, vocab_size, (batch_size, T), generator=generator)
+    s = torch.randint(0, n_shifts, (batch_size, 1), generator=generator)
+    y = (x + s) % vocab_size
+    x[:, :1] = vocab_size + s
+    y[:, 0] = IGNORE_INDEX
+    return x, y

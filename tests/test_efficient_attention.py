@@ -11,9 +11,12 @@ import torch.nn.functional as F
 
 from conftest import devices
 from course_lib.attention import sliding_window_mask
+from course_lib.cost import largest_tensor_bytes
 from course_lib.efficient_attention import (KVCache, add_global_tokens, cached_generate, dilated_window_mask,
-                                            linear_attention, online_softmax_attention, performer_features,
-                                            random_projection, sliding_window_attention)
+                                            linear_attention, local_global_attention, online_softmax_attention,
+                                            performer_features, random_projection, sliding_window_attention)
+from course_lib.long_context import LongContextModel
+from course_lib.synthetic_tasks import shift_by_first_batch
 from course_lib.gpt import GPT
 from course_lib.sampling import generate
 
@@ -178,3 +181,37 @@ def test_performer_approximates_soft_attention_with_many_features():
 
     err = (linear_attention(q, k, v, phi) - expected).norm() / expected.norm()
     assert err < 0.1
+
+
+@pytest.mark.parametrize("positions", [[0], [0, 17], [39]])
+def test_local_global_attention_equals_masked_kernel(positions):
+    q, k, v = qkv(2, 40, 8, seed=13)
+    mask = add_global_tokens(sliding_window_mask(40, 5, causal=False), positions)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.allclose(local_global_attention(q, k, v, 5, positions), expected, atol=1e-12)
+
+
+def test_shift_by_first_task():
+    x, y = shift_by_first_batch(3, 50, n_shifts=4, vocab_size=8, generator=torch.Generator().manual_seed(0))
+    s = x[:, 0] - 8
+    assert bool(((s >= 0) & (s < 4)).all()) and bool((x[:, 1:] < 8).all())
+    assert torch.equal(y[:, 1:], (x[:, 1:] + s[:, None]) % 8) and bool((y[:, 0] == -100).all())
+
+
+@pytest.mark.parametrize("kind,sees_first", [("full", True), ("window", False), ("window + global", True)])
+def test_only_full_and_global_attention_see_the_first_token_far_away(kind, sees_first):
+    torch.manual_seed(14)
+    model = LongContextModel(12, 8, kind, window=4).eval()
+    x, _ = shift_by_first_batch(1, 64, generator=torch.Generator().manual_seed(1))
+    y = x.clone()
+    y[:, 0] = 8 + (x[0, 0] - 8 + 1) % 4  # another shift token
+    changed = (model(x)[:, 10:] - model(y)[:, 10:]).abs().max().item()
+    assert (changed > 1e-6) == sees_first
+
+
+def test_largest_tensor_bytes_sees_the_score_matrix():
+    q, k, v = (torch.randn(1, 256, 8) for _ in range(3))
+    from course_lib.attention import scaled_dot_product_attention
+    assert largest_tensor_bytes(lambda: scaled_dot_product_attention(q, k, v)) >= 256 * 256 * 4
+    assert largest_tensor_bytes(lambda: sliding_window_attention(q, k, v, 4)) <= 256 * 4 * 8 * 4  # (T, window, d)
+    assert largest_tensor_bytes(lambda: online_softmax_attention(q, k, v, 16)) <= 256 * 16 * 4  # (T, block_size)
