@@ -92,14 +92,28 @@ def sliding_window_mask(T: int, window: int, causal: bool = True,
     return distance.abs() < window
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
     """The output of :func:`scaled_dot_product_attention` without its weights, computed by
     PyTorch's fused ``scaled_dot_product_attention`` kernel: no ``(T_q, T_k)`` weights are
     returned (and, in its flash and memory-efficient kernels, none are stored).
 
     Shapes as in :func:`scaled_dot_product_attention`; returns ``out (..., T_q, d_v)``.
+    Three-dimensional ``(B, T, d)`` inputs get a head axis of size 1 for the call: on the
+    CPU, PyTorch's kernels avoid the ``(T_q, T_k)`` matrix only for 4-D inputs. A causal
+    ``(T, T)`` mask is passed as ``is_causal``: PyTorch would turn a boolean mask into a
+    float ``(T, T)`` one.
     """
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    T = q.size(-2)
+    causal = (mask is not None and mask.dtype == torch.bool and mask.shape == (T, T) and k.size(-2) == T
+              and int(mask.sum()) == T * (T + 1) // 2 and torch.equal(mask, mask.tril()))  # the full lower triangle
+    if causal:
+        mask = None
+    if q.dim() == 3:
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # (B, T_q | 1, T_k) -> (B, 1, T_q | 1, T_k)
+        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask,
+                                              dropout_p=dropout_p, is_causal=causal)[:, 0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
 
 
 class SelfAttention(nn.Module):

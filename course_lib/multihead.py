@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import scaled_dot_product_attention
+from .attention import fused_attention, scaled_dot_product_attention
 
 __all__ = [
     "split_heads",
@@ -139,7 +139,7 @@ class MultiHeadAttention(nn.Module):
             if p > 0.0:
                 heads = F.dropout(weights, p=p) @ v
         else:
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            heads = fused_attention(q, k, v, mask, dropout_p=p)  # a causal mask goes as is_causal
             weights = None
         return self.w_o(merge_heads(heads)), weights
 

@@ -118,6 +118,39 @@ def test_bert_encoder_fast_path_equals_explicit_path():
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mask", ["none", "causal", "padding"])
+def test_fused_attention_of_3d_inputs_builds_no_square_matrix(mask):
+    """(B, T, d) inputs, with a (T, T), a (B, 1, T) or no mask: the same output as the
+    explicit path, and nothing as large as the (T, T) scores is ever made."""
+    from course_lib.attention import padding_mask
+    from course_lib.cost import largest_tensor_bytes
+
+    T = 512
+    q, k, v = (torch.randn(2, T, 16) for _ in range(3))
+    m = {"none": None, "causal": causal_mask(T), "padding": padding_mask(torch.tensor([T, 300]), T)}[mask]
+    torch.testing.assert_close(fused_attention(q, k, v, m), scaled_dot_product_attention(q, k, v, m)[0],
+                               atol=1e-5, rtol=1e-5)
+    square = T * T * 4  # one (T, T) float32 matrix
+    assert largest_tensor_bytes(lambda: fused_attention(q, k, v, m)) <= square / 4  # at most a boolean (T, T)
+    assert largest_tensor_bytes(lambda: scaled_dot_product_attention(q, k, v, m)) >= square
+
+
 def test_fused_attention_is_pytorchs_kernel():
     q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
     assert torch.equal(fused_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+
+
+def test_a_causal_gpt_step_makes_no_square_matrix():
+    """Course models pass a boolean causal mask; the fast path hands it to PyTorch as
+    is_causal, so training at T = 512 never makes a (T, T) float matrix."""
+    from course_lib.cost import largest_tensor_bytes
+    from course_lib.multihead import MultiHeadAttention
+
+    T = 512
+    mha = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(1, T, 32)
+    with torch.no_grad():
+        fast = largest_tensor_bytes(lambda: mha(x, x, x, causal_mask(T), need_weights=False))
+        slow = largest_tensor_bytes(lambda: mha(x, x, x, causal_mask(T)))
+    assert fast <= T * T  # at most a boolean (T, T), never float scores
+    assert slow >= 4 * T * T * 4  # the explicit path's (1, 4, T, T) float weights
