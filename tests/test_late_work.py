@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 A = "03_self_attention"
+# a written answer that tries to run script in the instructor's browser (Formgrader) and the student's
+HOSTILE_MARKUP = '<img src=x onerror="document.title=1">'
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,8 @@ def late_class():
         answered = filled(A, {})  # and its written answers written
         for c in answered.cells:
             if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("solution"):
-                c.source = "The dot product of $d_k$ unit-variance terms has variance $d_k$, so $\\sqrt{d_k}$ rescales it."
+                c.source = ("The dot product of $d_k$ unit-variance terms has variance $d_k$, so $\\sqrt{d_k}$ rescales it. "
+                            + HOSTILE_MARKUP)
         for student, stamp, nb in (("early", "2026-11-21 09:00:00.000000 UTC", answered),
                                    ("late", "2026-11-22 12:30:00.000000 UTC", correct)):
             course.submit(student, A, nb, register=False)
@@ -117,7 +120,9 @@ def test_written_answers_are_not_graded_yet_until_a_person_grades_them(late_clas
 
 
 def test_feedback_page_starts_with_the_grading_notes(late_class):
-    page = html.unescape(_page(late_class["course"], "early"))
+    raw = _page(late_class["course"], "early")
+    assert HOSTILE_MARKUP not in raw and "onerror" in raw  # the student's markup is text on the page
+    page = html.unescape(raw)
     notes = page.index("Autograding: 03_self_attention — 13 / 19 points")
     assert page.index("No problems were found while grading.") > notes
     assert notes < page.index("not graded yet") and notes > page.index("<body")
@@ -139,6 +144,9 @@ def test_feedback_page_renders_offline_in_a_browser(late_class, tmp_path):
         sizes = browser.evaluate("Array.from(document.querySelectorAll('math')).map(m => m.getBoundingClientRect().width)")
         assert len(sizes) > 20 and all(w > 0 for w in sizes)  # every formula is laid out
         assert not outside, outside
+        # the student's markup stayed text: no element carries its handler, it never ran
+        assert browser.evaluate("document.querySelectorAll('[onerror]').length") == 0
+        assert browser.evaluate("document.title") != "1"
         browser.screenshot(tmp_path / "feedback.png")
     finally:
         browser.close()
@@ -197,6 +205,7 @@ def test_written_answers_are_graded_in_formgrader(late_class, formgrader):
     assert set(submissions) == {"early", "late"} and submissions["early"]["needs_manual_grade"]
     page = formgrader("GET", f"/formgrader/submissions/{submissions['early']['id']}/")
     assert "so $\\sqrt{d_k}$ rescales it" in html.unescape(page)  # the student's answer, to be graded
+    assert HOSTILE_MARKUP not in page and HOSTILE_MARKUP in html.unescape(page)  # shown as text, never run
     grades = formgrader("GET", f"/formgrader/api/grades?submission_id={submissions['early']['id']}")
     written = [g for g in grades if g["cell_type"] == "markdown"]
     assert len(written) == 3
