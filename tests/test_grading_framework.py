@@ -336,3 +336,17 @@ def test_an_answer_fixed_to_the_notebook_example_fails_the_visible_check(item, e
     assert first.earned == 0, f"{item}: {first.message}"
     # the hand example is answered right; the report names the fresh case that is not
     assert first.message.startswith("On ") and hand_case not in first.message, first.message
+
+
+def test_pass_or_fail_only_skips_the_mistake_search():
+    """working_or_reference and the sandbox's verdict only need pass or fail: the same
+    results, without the catalogue search (seconds for a wrong module)."""
+    from course_lib.grading.items.self_attention import CAUSAL_MISTAKES
+
+    spec = get_spec("causal_mask")
+    wrong = CAUSAL_MISTAKES[0].impl
+    named = grade(spec, wrong, hidden=False)
+    plain = grade(spec, wrong, hidden=False, name_mistakes=False)
+    assert [r.earned for r in named.results] == [r.earned for r in plain.results] == [0]
+    assert "Likely cause" in named.results[0].message and "Likely cause" not in plain.results[0].message
+    assert named.results[0].message.split("\n")[0] == plain.results[0].message.split("\n")[0]

@@ -136,10 +136,11 @@ class Trial:
     :meth:`mistake_output` (computed here), :meth:`compare`, and :meth:`likely_mistake`.
     All raise :class:`CheckFailed` with a student-facing message when something is wrong."""
 
-    def __init__(self, spec: ItemSpec, source: Any, device: torch.device) -> None:
+    def __init__(self, spec: ItemSpec, source: Any, device: torch.device, name_mistakes: bool = True) -> None:
         self.spec = spec
         self.source = source
         self.device = device
+        self.name_mistakes = name_mistakes  # False: pass or fail only (no search of the catalogue)
         self.warnings: list[str] = []
 
     # -- running ---------------------------------------------------------
@@ -198,6 +199,8 @@ class Trial:
         ``differ(a, b)`` returns None when two outputs match (default:
         :func:`~course_lib.grading.compare.describe_difference`, NaN equal to NaN when
         matching the student's output)."""
+        if not self.name_mistakes:
+            return None
         from .compare import describe_difference
         names = self.spec.output_names
         shows = differ or (lambda e, w: describe_difference(e, w, names))
@@ -345,15 +348,16 @@ def _device(device: torch.device | str | None) -> torch.device:
 
 
 def grade(spec: ItemSpec, impl: Any, hidden: bool = False, device: torch.device | str | None = None,
-          salt: int = 0) -> ItemResult:
-    """Run the spec's sub-checks (all of them when ``hidden``) on ``impl``, here."""
+          salt: int = 0, name_mistakes: bool = True) -> ItemResult:
+    """Run the spec's sub-checks (all of them when ``hidden``) on ``impl``, here
+    (``name_mistakes=False``: pass or fail only, without searching the mistake catalogue)."""
     if impl is None:
         raise TypeError(f"check('{spec.name}', ...) needs your implementation, got None")
     subchecks = list(spec.subchecks) if hidden else spec.visible()
     result = ItemResult(spec.name, [], graded=hidden, total_points=spec.points)
     if is_reference(impl, spec.reference):
         result.reference_used = f"it is {qualified(spec.reference)}, the course's reference for this item"
-    trial = Trial(spec, LocalAnswers(spec, impl), _device(device))
+    trial = Trial(spec, LocalAnswers(spec, impl), _device(device), name_mistakes)
     with salted(salt), quiet():
         _run_subchecks(spec, subchecks, trial, result)
     return result
@@ -385,13 +389,15 @@ def plan_item(spec: ItemSpec, hidden: bool = True, device: torch.device | str | 
 
 
 def judge_item(spec: ItemSpec, plan: ItemPlan, answers: Sequence[Sequence[dict | None]],
-               device: torch.device | str | None = None, salt: int = 0, reference_used: str = "") -> ItemResult:
+               device: torch.device | str | None = None, salt: int = 0, reference_used: str = "",
+               name_mistakes: bool = True) -> ItemResult:
     """The item's result from answers computed elsewhere (``answers[s][i]`` for the
-    i-th call of sub-check s, None where none came back). Runs in the grader."""
+    i-th call of sub-check s, None where none came back). Runs in the grader.
+    ``name_mistakes=False``: pass or fail only, without searching the mistake catalogue."""
     subchecks = list(spec.subchecks) if plan.hidden else spec.visible()
     result = ItemResult(spec.name, [], graded=plan.hidden, total_points=spec.points,
                         reference_used=reference_used)
-    trial = Trial(spec, ReplayAnswers(plan, answers), _device(device))
+    trial = Trial(spec, ReplayAnswers(plan, answers), _device(device), name_mistakes)
     with salted(salt), quiet():
         _run_subchecks(spec, subchecks, trial, result)
     return result
@@ -458,7 +464,7 @@ def working_or_reference(item: str, impl: Any) -> Any:
 
     spec = get_spec(item)
     try:
-        result = grade(spec, impl, hidden=False)
+        result = grade(spec, impl, hidden=False, name_mistakes=False)  # pass or fail is all it needs
         ok = not result.reference_used and all(r.passed for r in result.results)
     except Exception:
         ok = False
