@@ -132,14 +132,7 @@ def _release(course: Course, args: argparse.Namespace) -> int:
         raise CourseError(f"no assignment {which[0]!r} in {course.source_dir}; known: "
                           f"{', '.join(release.assignments(course))}")
     if args.check:
-        problems = release.out_of_date(which, course)
-        if problems:
-            print(f"{course.release_dir.name}/ is out of date with {course.source_dir.name}/:")
-            print("\n".join(f"  - {p}" for p in problems))
-            print("Regenerate with: workbook release")
-            return 1
-        print(f"{course.release_dir.name}/ is in sync with {course.source_dir.name}/.")
-        return 0
+        return release.check(course, which, "workbook release")
     for path in release.release(which, course, record=True):  # generated once, and recorded
         print(f"generated {path.relative_to(course.root)} and recorded it in the gradebook")
     return 0

@@ -28,7 +28,7 @@ from traitlets.config import Config
 
 from .course import Course, CourseError
 
-__all__ = ["ROOT", "assignments", "generate", "release", "out_of_date"]
+__all__ = ["ROOT", "assignments", "generate", "release", "out_of_date", "check"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,6 +130,20 @@ def out_of_date(which: list[str] | None = None, course: Course | None = None) ->
     return problems
 
 
+def check(course: Course, which: list[str] | None, regenerate: str) -> int:
+    """Print whether the release folder is in sync (naming each file that is not, and the
+    ``regenerate`` command); 0 when it is, 1 when not."""
+    problems = out_of_date(which, course)
+    release_name, source_name = course.release_dir.name, course.source_dir.name
+    if problems:
+        print(f"{release_name}/ is out of date with {source_name}/:")
+        print("\n".join(f"  - {p}" for p in problems))
+        print(f"Regenerate with: {regenerate}")
+        return 1
+    print(f"{release_name}/ is in sync with {source_name}/.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograder.release", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,14 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     which = args.assignments or None
     try:
         if args.check:
-            problems = out_of_date(which, course)
-            if problems:
-                print(f"{course.release_dir.name}/ is out of date with {course.source_dir.name}/:")
-                print("\n".join(f"  - {p}" for p in problems))
-                print("Regenerate with: make release")
-                return 1
-            print(f"{course.release_dir.name}/ is in sync with {course.source_dir.name}/.")
-            return 0
+            return check(course, which, "make release")
         for path in release(which, course):
             print(f"generated {path.relative_to(course.root)}")
     except CourseError as exc:
