@@ -121,14 +121,34 @@ _SCHEME = re.compile(r"(javascript|vbscript|data|file)\s*:", re.I)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
 
 
+_MARKDOWN_TAGS = {"p", "code", "pre", "em", "strong", "a", "ul", "ol", "li", "blockquote", "hr", "br", "img", "del",
+                  "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"}
+_TAG = re.compile(r"<\s*/?\s*([A-Za-z][\w:-]*)([^>]*)>")
+_SAFE_ATTRIBUTES = re.compile(r'^(\s+(href|src|alt|title|class|align|start)="[^"<>]*")*\s*/?$')
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def clean_markdown(text: str) -> str:
     """A student's markdown made inert for the feedback page and the formgrader: HTML
-    outside code is escaped (shown as text), script-like link schemes are disabled."""
+    outside code is escaped (shown as text), script-like link schemes are disabled.
+
+    Code spans keep their text (`<bos>` stays readable) only if nbconvert's renderer (the
+    one Formgrader and the feedback use) then makes nothing but markdown's own elements:
+    escaped backticks or backticks in a link can make a guess at the spans wrong, and
+    then everything is escaped."""
     parts = _CODE_SPAN.split(text)
     for i in range(0, len(parts), 2):  # the even parts are outside code
-        parts[i] = _SCHEME.sub(r"\1-blocked:", parts[i].replace("&", "&amp;").replace("<", "&lt;")
-                               .replace(">", "&gt;"))
-    return _CONTROL.sub("", "".join(parts))
+        parts[i] = _SCHEME.sub(r"\1-blocked:", _escape(parts[i]))
+    cleaned = _CONTROL.sub("", "".join(parts))
+    from nbconvert.filters.markdown import markdown2html
+    for name, attributes in _TAG.findall(markdown2html(cleaned)):
+        if name.lower() not in _MARKDOWN_TAGS or not _SAFE_ATTRIBUTES.match(attributes) \
+                or _SCHEME.search(attributes):
+            return _CONTROL.sub("", _SCHEME.sub(r"\1-blocked:", _escape(text)))
+    return cleaned
 
 
 def clean_text(text: str) -> str:

@@ -144,3 +144,17 @@ def test_a_students_tex_cannot_put_markup_into_the_feedback_page():
         assert tex_to_mathml(tex, False).startswith("<code>"), tex
     assert tex_to_mathml(r"\sqrt{d_k}", False).startswith("<math")
     assert tex_to_mathml("<script>alert(1)</script>", False).count("<script") == 0
+
+
+@pytest.mark.parametrize("answer", [
+    "\\`<img src=x onerror=alert(1)>\\`",  # escaped backticks are not a code span
+    "[a](`) <img src=x onerror=alert(1)> `",  # a backtick inside a link's address
+])
+def test_markdown_that_fools_the_code_span_guess_stays_inert(answer):
+    """A written answer is shown in Formgrader (the instructor's browser) and the
+    feedback: whatever the split into code spans guessed, the rendered page has no
+    element the student wrote."""
+    import nbconvert.filters.markdown as md
+
+    rendered = md.markdown2html(clean_markdown(answer))
+    assert "<img" not in rendered and "onerror" in rendered
