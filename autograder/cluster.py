@@ -20,16 +20,23 @@ interrupted batch keeps every grade already returned.
 - Each concurrent sandbox on a machine gets its own user id: a task holds a slot (a
   lock file in the machine's temporary folder) while it grades, whatever number of
   worker processes and threads the machine runs.
+- A worker process keeps what every task would otherwise redo: the digest of each
+  course file (hashed again when its size, times or inode change) and the sandbox's
+  course copy per course version and set of items (rebuilt when anything in it
+  changed), as the local pool builds one copy per notebook for a whole batch.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -38,7 +45,7 @@ from typing import Callable, Iterable, Iterator
 from .course import Course, CourseError, find_course_root
 
 __all__ = ["CourseMismatch", "course_manifest", "manifest_fingerprint", "manifest_differences",
-           "grade_task", "run_on_cluster", "WorkerTally", "CLUSTER_UID_BASE"]
+           "cached_course_copy", "grade_task", "run_on_cluster", "WorkerTally", "CLUSTER_UID_BASE"]
 
 CLUSTER_UID_BASE = 2_000_000  # sandbox users of cluster tasks (grader running as root), above the pool's
 MAX_SLOTS = 1024
@@ -54,10 +61,38 @@ class CourseMismatch(RuntimeError):
 # What grading depends on
 # ---------------------------------------------------------------------------
 
+SETTLED_NS = 2 * 10**9  # a file untouched this long may have its digest kept (see _file_digest)
+_DIGESTS: dict[str, tuple[tuple[int, ...], str]] = {}  # path -> (its stat when hashed, sha256)
+_DIGESTS_LOCK = threading.Lock()
+
+
+def _file_digest(path: Path) -> str:
+    """The sha256 of ``path``, kept in this process while the file's size, modification
+    and change times and inode stay the same: a long-lived worker stats every course
+    file for each task but hashes only what changed. Any write, ``utime`` or ``chmod``
+    moves the change time (which no one can set back), so an edit is never missed; a
+    file changed within the last ``SETTLED_NS`` is hashed every time, as a second write
+    within one timestamp tick would leave its times as they were."""
+    def state() -> tuple[int, ...]:
+        st = path.stat()
+        return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+    before = state()
+    with _DIGESTS_LOCK:
+        known = _DIGESTS.get(str(path))
+    if known and known[0] == before:
+        return known[1]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if time.time_ns() - max(before[1], before[2]) > SETTLED_NS and state() == before:
+        with _DIGESTS_LOCK:
+            _DIGESTS[str(path)] = (before, digest)
+    return digest
+
+
 def _digest_tree(root: Path, prefix: str, out: dict[str, str]) -> None:
     for p in sorted(root.rglob("*")):
         if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts:
-            out[f"{prefix}/{p.relative_to(root).as_posix()}"] = hashlib.sha256(p.read_bytes()).hexdigest()
+            out[f"{prefix}/{p.relative_to(root).as_posix()}"] = _file_digest(p)
 
 
 def course_manifest(course: Course) -> dict[str, str]:
@@ -69,7 +104,7 @@ def course_manifest(course: Course) -> dict[str, str]:
     _digest_tree(Path(__file__).parent, "autograder", out)
     _digest_tree(course.source_dir, course.source_dir.name, out)
     config = course.root / "nbgrader_config.py"
-    out["nbgrader_config.py"] = hashlib.sha256(config.read_bytes()).hexdigest()
+    out["nbgrader_config.py"] = _file_digest(config)
     return out
 
 
@@ -127,6 +162,53 @@ def sandbox_slot(folder: Path | None = None) -> Iterator[int]:
     raise RuntimeError(f"more than {MAX_SLOTS} submissions grading at once on this machine")
 
 
+_COPIES: dict[tuple[str, tuple[str, ...]], tuple[Path, tuple]] = {}  # (fingerprint, items) -> (copy, its state)
+_COPIES_LOCK = threading.Lock()
+_COPIES_ROOT: list[Path] = []  # this process's folder of course copies, made on first use
+
+
+def _tree_state(folder: Path) -> tuple:
+    """Every entry under ``folder`` with its size, times, inode and mode: any write,
+    ``chmod``, added or removed file changes it."""
+    out = []
+    for p in sorted(folder.rglob("*")):
+        st = p.lstat()
+        out.append((p.relative_to(folder).as_posix(), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                    st.st_mode))
+    return tuple(out)
+
+
+def cached_course_copy(fingerprint: str, items: Iterable[str], check: Callable[[], None] = lambda: None) -> Path:
+    """The sandbox's course copy (:func:`autograder.stubs.build_course_copy`) for
+    ``items`` of the course whose manifest has ``fingerprint``, built once per worker
+    process in its own temporary folder (removed when the process exits); ``check()``
+    runs after a build, before the copy is kept (it raises if the course files changed
+    while they were copied).
+
+    The sandbox mounts the copy read-only; still, a copy is reused only while every
+    entry under it is exactly as it was built (sizes, times, inodes, modes, no file
+    added or removed). Otherwise a new one is built beside it: what one task could
+    change never reaches the next, and a copy in use is never rebuilt in place."""
+    from .stubs import build_course_copy
+
+    key = (fingerprint, tuple(sorted(set(items))))
+    with _COPIES_LOCK:
+        known = _COPIES.get(key)
+        if known and _tree_state(known[0]) == known[1]:
+            return known[0]
+        if not _COPIES_ROOT:
+            root = Path(tempfile.mkdtemp(prefix="workbook-courses-"))
+            root.chmod(0o711)  # the sandbox's user (grading as root) reaches its copy, lists nothing
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            _COPIES_ROOT.append(root)
+        dest = _COPIES_ROOT[0] / uuid.uuid4().hex
+        build_course_copy(dest, key[1])
+        check()
+        dest.chmod(0o755)
+        _COPIES[key] = (dest, _tree_state(dest))
+        return dest
+
+
 def _worker_name() -> str:
     try:
         from distributed import get_worker
@@ -148,10 +230,14 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
     from .stubs import build_course_copy
 
     name = _worker_name()
-    differences = manifest_differences(manifest, course_manifest(_worker_course()))
-    if differences:
-        raise CourseMismatch(f"worker {name} grades with a different course than the instructor's: "
-                             + "; ".join(differences))
+
+    def check_course() -> None:
+        differences = manifest_differences(manifest, course_manifest(_worker_course()))
+        if differences:
+            raise CourseMismatch(f"worker {name} grades with a different course than the instructor's: "
+                                 + "; ".join(differences))
+
+    check_course()
     logging.getLogger("traitlets").setLevel(logging.CRITICAL)
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
     import nbformat
@@ -161,7 +247,11 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="workbook-task-"))
     try:
         scratch.chmod(0o711)
-        course_copy = build_course_copy(scratch / "course", items)
+        if job.get("unsafe_no_sandbox"):  # unsealed, the submission could write its copy: a fresh one
+            course_copy = build_course_copy(scratch / "course", items)
+            check_course()
+        else:
+            course_copy = cached_course_copy(manifest_fingerprint(manifest), items, check=check_course)
         local_job = dict(job, job_dir=str(scratch / "job"), course_copy=str(course_copy))
         with sandbox_slot() as slot:
             result = run_job(local_job, uid=SANDBOX_UID_BASE + CLUSTER_UID_BASE + slot)

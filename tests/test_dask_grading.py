@@ -2,14 +2,18 @@
 localhost (tests/servers.py), against the local process pool on the same submissions.
 
 One class of notebook 03 (correct, mistaken, empty) is graded with the local pool, then
-on a cluster of two workers, one of which is killed while it grades; then a worker whose
-course_lib differs from the instructor's joins alone and must refuse.
+on a cluster of two workers, one of which is killed while it grades; then a worker grades
+alone with its own copy of course_lib, which is changed while it runs: it must refuse.
+What a worker keeps between tasks (file digests, the sandbox's course copy) is tested
+without a cluster at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import os
 import shutil
 import threading
 import time
@@ -20,7 +24,8 @@ import pytest
 
 from autograder.autograde import GradingOptions, Limits, autograde
 from autograder.cli import main
-from autograder.cluster import manifest_differences
+from autograder import cluster as worker_side
+from autograder.cluster import course_manifest, manifest_differences
 from autograder.course import Course
 from servers import REPO, DaskCluster, free_port
 from workbook_class import ClassBuilder, make_course
@@ -88,14 +93,18 @@ def cluster_class(tmp_path_factory):
         autograde(course, assignment, GradingOptions(limits=LIMITS, scheduler=cluster.address),
                   progress=state["rerun"].append)
 
-        # a worker whose course_lib differs, alone on the cluster
+        # a worker alone on the cluster whose course_lib is changed while it runs, after it
+        # graded with it (its digests and course copy kept)
         cluster.kill_worker("w1")
         changed = base / "changed"
         shutil.copytree(REPO / "course_lib", changed / "course_lib",
                         ignore=shutil.ignore_patterns("__pycache__"))
+        cluster.start_worker("w3", env={"PYTHONPATH": str(changed)})
+        state["before_change"] = []
+        autograde(course, assignment, GradingOptions(limits=LIMITS, scheduler=cluster.address, force=True,
+                                                     students=["empty"]), progress=state["before_change"].append)
         with open(changed / "course_lib" / "attention.py", "a") as f:
             f.write("\n# a different version of the course\n")
-        cluster.start_worker("w3", env={"PYTHONPATH": str(changed)})
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             state["refused_rc"] = main(["--course", str(root), "autograde", assignment, "--scheduler",
@@ -126,6 +135,7 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_duplicates_nothing(cluster_
 
 @pytest.mark.slow
 def test_a_worker_with_a_different_course_lib_is_refused(cluster_class):
+    assert [(r["worker"], r["status"]) for r in cluster_class["before_change"]] == [("w3", "graded")]
     assert cluster_class["refused_rc"] == 2
     err = cluster_class["refused_err"]
     assert "worker w3 grades with a different course" in err and "course_lib/attention.py differs" in err
@@ -152,3 +162,66 @@ def test_an_unreachable_scheduler_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
     assert f"cannot reach the Dask scheduler at '{address}'" in err
+
+
+# ---------------------------------------------------------------------------
+# What a worker keeps between tasks
+# ---------------------------------------------------------------------------
+
+def _rewrite_keeping_size_and_mtime(path, text: str) -> None:
+    before = path.stat()
+    time.sleep(0.05)  # past the file system's timestamp tick
+    path.write_text(text)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def test_a_kept_file_digest_is_never_used_for_a_changed_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_side, "_DIGESTS", {})
+    f = tmp_path / "attention.py"
+    f.write_text("x = 1\n")
+    assert worker_side._file_digest(f) == hashlib.sha256(b"x = 1\n").hexdigest()
+    assert str(f) not in worker_side._DIGESTS  # just written: not kept (a second write may follow in its tick)
+    monkeypatch.setattr(worker_side, "SETTLED_NS", 0)
+    worker_side._file_digest(f)
+    with monkeypatch.context() as m:  # kept: asked again, it is not read
+        m.setattr(type(f), "read_bytes", lambda self: pytest.fail("read again"))
+        assert worker_side._file_digest(f) == hashlib.sha256(b"x = 1\n").hexdigest()
+    _rewrite_keeping_size_and_mtime(f, "x = 2\n")
+    assert worker_side._file_digest(f) == hashlib.sha256(b"x = 2\n").hexdigest()
+
+
+def test_a_worker_course_changed_between_tasks_is_seen_by_the_next_task(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_side, "SETTLED_NS", 0)  # every digest kept, as on a long-running worker
+    root, assignment = make_course(tmp_path / "course", NOTEBOOK)
+    course = Course(root)
+    expected = course_manifest(course)
+    assert course_manifest(course) == expected
+    source = course.source_dir / assignment / f"{NOTEBOOK}.ipynb"
+    text = source.read_text()
+    _rewrite_keeping_size_and_mtime(source, text.replace("import", "Import", 1))
+    assert manifest_differences(expected, course_manifest(course)) == [
+        f"solutions/{assignment}/{NOTEBOOK}.ipynb differs"]
+
+
+def test_a_kept_course_copy_never_carries_a_change_to_the_next_task(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_side, "_COPIES", {})
+    monkeypatch.setattr(worker_side, "_COPIES_ROOT", [tmp_path])
+    copy = worker_side.cached_course_copy("v1", ["causal_mask"])
+    attention = (copy / "course_lib" / "attention.py").read_text()
+    assert "_workbook_stub('course_lib.attention:causal_mask'" in attention
+    assert worker_side.cached_course_copy("v1", ["causal_mask", "causal_mask"]) == copy  # kept
+    changes = [lambda c: _rewrite_keeping_size_and_mtime(c / "course_lib" / "attention.py", attention.upper()),
+               lambda c: (c / "course_lib" / "sitecustomize.py").write_text("print('left behind')\n"),
+               lambda c: (c / "course_lib" / "attention.py").chmod(0o666)]
+    for change in changes:
+        change(copy)
+        fresh = worker_side.cached_course_copy("v1", ["causal_mask"])
+        assert fresh != copy and copy.exists()  # a new copy beside it: a copy in use is never rebuilt in place
+        assert (fresh / "course_lib" / "attention.py").read_text() == attention
+        assert not (fresh / "course_lib" / "sitecustomize.py").exists()
+        assert (fresh / "course_lib" / "attention.py").stat().st_mode & 0o777 == 0o644
+        copy = fresh
+    assert worker_side.cached_course_copy("v2", ["causal_mask"]) != copy  # another version of the course
+    unstubbed = worker_side.cached_course_copy("v1", [])  # another set of items
+    assert "_workbook_stub" not in (unstubbed / "course_lib" / "attention.py").read_text()
