@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pytest
 import torch
@@ -90,3 +92,157 @@ def test_every_label_of_the_explorer_is_inside_its_picture(explorer, panels):
     assert outside == []
     colorbar_label = next(t for t in texts if t.get_text() == "attention weight")
     assert colorbar_label.get_fontsize() >= 9  # readable at the notebook's width
+
+
+# ---------------------------------------------------------------------------
+# The local-attention masks of notebook 09: dilated window, window + global tokens
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T, window, dilation", [(11, 3, 2), (16, 2, 5), (7, 4, 1), (5, 1, 3)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_window_modes_equal_the_library_masks(T, window, dilation, causal):
+    from course_lib.attention import sliding_window_mask
+    from course_lib.efficient_attention import add_global_tokens, dilated_window_mask
+
+    assert torch.equal(build_mask("dilated window", T, window=window, dilation=dilation, causal=causal),
+                       dilated_window_mask(T, window, dilation, causal=causal))
+    expected = add_global_tokens(sliding_window_mask(T, window, causal=causal), [0, T - 1])
+    for positions in ([0, T - 1], f"0, {T - 1}", f"{T - 1} 0 0", torch.tensor([T - 1, 0])):
+        assert torch.equal(build_mask("window + global", T, window=window, global_positions=positions,
+                                      causal=causal), expected)
+    assert torch.equal(build_mask("sliding window", T, window=window, causal=causal),
+                       sliding_window_mask(T, window, causal=causal))
+    # the window modes are causal unless asked otherwise (as before)
+    assert torch.equal(build_mask("sliding window", T, window=window), sliding_window_mask(T, window))
+    assert torch.equal(build_mask("dilated window", T, window=window, dilation=dilation),
+                       dilated_window_mask(T, window, dilation))
+
+
+def test_build_mask_rejects_bad_window_and_global_settings():
+    with pytest.raises(ValueError, match="dilated window needs a width >= 1, got 0"):
+        build_mask("dilated window", 6, window=0, dilation=2)
+    with pytest.raises(ValueError, match="dilation >= 1, got 0"):
+        build_mask("dilated window", 6, window=2, dilation=0)
+    with pytest.raises(ValueError, match="dilation >= 1, got None"):
+        build_mask("dilated window", 6, window=2)
+    with pytest.raises(ValueError, match="window \\+ global needs a width >= 1"):
+        build_mask("window + global", 6, window=0, global_positions=[0])
+    with pytest.raises(ValueError, match="needs global positions"):
+        build_mask("window + global", 6, window=2)
+    with pytest.raises(ValueError, match="at least one global position"):
+        build_mask("window + global", 6, window=2, global_positions=" , ")
+    with pytest.raises(ValueError, match="global position 6 is outside 0 .. 5"):
+        build_mask("window + global", 6, window=2, global_positions="0, 6")
+    with pytest.raises(ValueError, match="global position -1 is outside 0 .. 5"):
+        build_mask("window + global", 6, window=2, global_positions=[-1])
+    with pytest.raises(ValueError, match="global position 'it' is not a whole number"):
+        build_mask("window + global", 6, window=2, global_positions="0, it")
+    with pytest.raises(ValueError, match="global position 1.5 is not a whole number"):
+        build_mask("window + global", 6, window=2, global_positions=[1.5])
+
+
+def _allowed(ex, row):
+    return set(np.nonzero(ex.weights[row])[0].tolist())
+
+
+def test_dilated_window_mode_updates_the_plot(explorer):
+    from course_lib.efficient_attention import dilated_window_mask
+
+    ex, tokens, x, head = explorer
+    T, it = len(tokens), tokens.index("it")
+    ex.mode.value = "dilated window"
+    ex.window.value = 3
+    ex.dilation.value = 2
+    assert torch.equal(ex.mask, dilated_window_mask(T, 3, 2))
+    assert _allowed(ex, it) == {it, it - 2, it - 4}
+    np.testing.assert_allclose(ex.weights.sum(-1), 1, atol=1e-6)
+    before = ex.png
+    ex.dilation.value = 3  # the slider redraws
+    assert torch.equal(ex.mask, dilated_window_mask(T, 3, 3))
+    assert _allowed(ex, it) == {it, it - 3, it - 6}
+    assert ex.png.startswith(b"\x89PNG") and ex.png != before
+    ex.window.value = 4  # the width slider is the dilated window's width too
+    assert it == 7 and _allowed(ex, it) == {7, 4, 1}
+    ex.causal.value = False  # both sides
+    assert torch.equal(ex.mask, dilated_window_mask(T, 4, 3, causal=False))
+    assert _allowed(ex, 0) == {0, 3, 6, 9} & set(range(T))
+    assert ex.error is None
+
+
+def test_window_plus_global_mode_updates_the_plot(explorer):
+    from course_lib.attention import sliding_window_mask
+    from course_lib.efficient_attention import add_global_tokens
+
+    ex, tokens, x, head = explorer
+    T, it, animal = len(tokens), tokens.index("it"), tokens.index("animal")
+    ex.mode.value = "sliding window"
+    ex.window.value = 2
+    assert ex.weights[it, animal] == 0  # "animal" is out of the window's reach
+    ex.mode.value = "window + global"
+    assert ex.global_positions.value == "0"  # the first token is global to begin with
+    assert torch.equal(ex.mask, add_global_tokens(sliding_window_mask(T, 2), [0]))
+    assert _allowed(ex, it) == {0, it - 1, it}
+    assert np.count_nonzero(ex.weights[0]) == T  # a global query sees every key
+    assert "global tokens: 0 (The)" in ex.mask_info.value
+    before = ex.png
+    ex.global_positions.value = f"0, {animal}"  # make "animal" global: "it" finds it again
+    assert torch.equal(ex.mask, add_global_tokens(sliding_window_mask(T, 2), [0, animal]))
+    assert ex.weights[it].argmax() == animal
+    assert ex.png != before
+    assert f"{animal} (animal)" in ex.mask_info.value
+    ex.causal.value = False  # Longformer's two-sided window
+    assert torch.equal(ex.mask, add_global_tokens(sliding_window_mask(T, 2, causal=False), [0, animal]))
+    assert _allowed(ex, it) == {0, animal, it - 1, it, it + 1}
+    np.testing.assert_allclose(ex.weights.sum(-1), 1, atol=1e-6)
+    ex.mode.value = "causal"  # no line under the controls for the other modes
+    assert ex.mask_info.value == "" and ex.mask_info.layout.display == "none"
+
+
+def test_a_bad_global_position_is_reported_in_the_widget(explorer):
+    ex, tokens, x, head = explorer
+    T = len(tokens)
+    ex.mode.value = "window + global"
+    mask, weights, png = ex.mask.clone(), ex.weights.copy(), ex.png
+    for text, message in ((f"0, {T}", f"global position {T} is outside 0 .. {T - 1}"),
+                          ("first", "global position 'first' is not a whole number"),
+                          ("", "at least one global position")):
+        ex.global_positions.value = text  # no exception escapes into the notebook
+        assert ex.error is not None and message in ex.error
+        assert html.escape(message) in ex.mask_info.value and ex.mask_info.layout.display is None
+        assert torch.equal(ex.mask, mask) and np.array_equal(ex.weights, weights) and ex.png == png  # kept
+    ex.mode.value = "sliding window"  # the positions are not used here: no error
+    assert ex.error is None and ex.mask_info.value == ""
+    ex.mode.value = "window + global"
+    assert ex.error is not None
+    ex.global_positions.value = "3"
+    assert ex.error is None and ex.mask_info.value.startswith("global tokens: 3")
+    assert _allowed(ex, 0) == {0, 3}  # query 0 sees itself and the global key 3
+    assert np.count_nonzero(ex.weights[3]) == T
+
+
+@pytest.mark.parametrize("mode, enabled", [
+    ("none", set()),
+    ("causal", set()),
+    ("padding", {"length"}),
+    ("sliding window", {"window", "causal"}),
+    ("dilated window", {"window", "dilation", "causal"}),
+    ("window + global", {"window", "global_positions", "causal"}),
+])
+def test_only_the_controls_of_the_chosen_mask_are_enabled(explorer, mode, enabled):
+    ex = explorer[0]
+    ex.mode.value = mode
+    controls = ("length", "window", "dilation", "global_positions", "causal")
+    assert {name for name in controls if not getattr(ex, name).disabled} == enabled
+    assert not ex.temperature.disabled and not ex.mode.disabled
+
+
+def test_the_controls_sit_three_to_a_row(explorer):
+    """Five controls in one row squeezed the sliders to a dot in a laptop-wide notebook:
+    what to look at (layer, head, temperature), the mask and its sliders, then the controls
+    of the local masks, with the line about the mask (global tokens or an error) under them."""
+    ex = explorer[0]
+    rows = ex.widget.children
+    assert list(rows[0].children) == [ex.layer, ex.head, ex.temperature]
+    assert list(rows[1].children) == [ex.mode, ex.length, ex.window]
+    assert list(rows[2].children) == [ex.dilation, ex.global_positions, ex.causal]
+    assert rows[3] is ex.mask_info and rows[-1] is ex.output

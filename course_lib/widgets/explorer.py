@@ -14,10 +14,31 @@ Two ways to feed it:
   the queries), switches heads off (``ablate_heads``), and shows the model's prediction
   (``describe(output)``), which changes with the mask, the temperature and the ablations.
 
+Mask modes (``MASK_MODES``): ``"none"``, ``"causal"``, ``"padding"`` (length slider),
+``"sliding window"`` (width slider), ``"dilated window"`` (width and dilation sliders) and
+``"window + global"`` (sliding window plus Longformer's global tokens, typed as positions,
+e.g. ``"0, 5"``). The three window modes are causal unless the "causal window" box is
+unticked; sliders that do not apply to the chosen mode are disabled.
+
+Usage (the explorer is the cell's last expression; the controls can also be set in code)::
+
+    from course_lib.widgets import AttentionExplorer
+
+    explorer = AttentionExplorer(tokens, lambda mask: head(x, mask)[1], title="local attention")
+    explorer.mode.value = "dilated window"       # width: explorer.window, dilation: explorer.dilation
+    explorer.window.value, explorer.dilation.value = 3, 2
+    explorer
+
+    # later (the picture above follows), Longformer's pattern:
+    explorer.mode.value = "window + global"      # sliding window (explorer.window) plus global tokens
+    explorer.global_positions.value = "0, 8"     # positions, counted from 0
+    explorer.causal.value = False                # Longformer's two-sided window
+
 The logic is plain functions and small classes whose state (``explorer.weights``,
-``explorer.prediction``, ``explorer.mask``, ``explorer.png``) can be read in tests without
-a browser; the widgets only set that state. Everything renders to PNG inside an
-``ipywidgets.Output``, so nothing is fetched from the network (works offline in JupyterLab 4).
+``explorer.prediction``, ``explorer.mask``, ``explorer.png``, ``explorer.error``) can be
+read in tests without a browser; the widgets only set that state. Everything renders to
+PNG inside an ``ipywidgets.Output``, so nothing is fetched from the network (works offline
+in JupyterLab 4).
 """
 
 from __future__ import annotations
@@ -38,26 +59,69 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from torch import Tensor, nn
 
 from ..attention import causal_mask, sliding_window_mask
+from ..efficient_attention import add_global_tokens, dilated_window_mask
 from ..multihead import ablate_heads
 from ..plotting import to_numpy
 
 __all__ = [
     "MASK_MODES", "ALL_HEADS", "build_mask", "apply_temperature", "find_attention_modules",
     "capture_attention", "logit_temperature", "Snapshot", "ModelSource", "AttentionExplorer",
-    "describe_tokens",
+    "describe_tokens", "WINDOW_MODES", "parse_positions",
 ]
 
-MASK_MODES = ("none", "causal", "padding", "sliding window")
+MASK_MODES = ("none", "causal", "padding", "sliding window", "dilated window", "window + global")
+WINDOW_MODES = ("sliding window", "dilated window", "window + global")  # width slider, causal box
 ALL_HEADS = "all heads"
 
 
-def build_mask(mode: str, T: int, length: int | None = None, window: int | None = None) -> Tensor | None:
+def parse_positions(positions: str | int | Sequence[int] | Tensor, T: int) -> list[int]:
+    """Global token positions as a sorted list of distinct ints in ``0 .. T-1``.
+
+    Accepts a text such as ``"0, 5"`` (commas and/or spaces), an int, or a sequence of ints.
+    A bad entry raises a ``ValueError`` that names it.
+    """
+    if isinstance(positions, Tensor):
+        positions = positions.reshape(-1).tolist()
+    if isinstance(positions, str):
+        items: list[Any] = positions.replace(",", " ").split()
+    elif isinstance(positions, (int, np.integer)):
+        items = [positions]
+    else:
+        items = list(positions)
+    if not items:
+        raise ValueError(f"window + global needs at least one global position (0 .. {T - 1}), e.g. 0")
+    found = set()
+    for item in items:
+        text = item.strip() if isinstance(item, str) else item
+        if isinstance(text, bool):
+            raise ValueError(f"global position {item!r} is not a whole number")
+        if isinstance(text, str):
+            try:
+                text = int(text)
+            except ValueError:
+                raise ValueError(f"global position {item!r} is not a whole number (write e.g. 0, 5)") from None
+        if not isinstance(text, (int, np.integer)):
+            raise ValueError(f"global position {item!r} is not a whole number")
+        if not 0 <= text < T:
+            raise ValueError(f"global position {int(text)} is outside 0 .. {T - 1} (the sequence has {T} tokens)")
+        found.add(int(text))
+    return sorted(found)
+
+
+def build_mask(mode: str, T: int, length: int | None = None, window: int | None = None,
+               dilation: int | None = None, global_positions: str | Sequence[int] | None = None,
+               causal: bool = True) -> Tensor | None:
     """Boolean ``(T, T)`` mask for an explorer mask mode (True = may attend), or None.
 
     - ``"none"``: no mask;
     - ``"causal"``: query i sees keys 0..i;
     - ``"padding"``: every query sees only the first ``length`` keys (the rest is padding);
-    - ``"sliding window"``: causal, and query i sees only the last ``window`` keys up to i.
+    - ``"sliding window"``: causal, and query i sees only the last ``window`` keys up to i
+      (``causal=False``: the keys with ``|i - j| < window``);
+    - ``"dilated window"``: ``dilated_window_mask(T, window, dilation, causal)``, the keys at
+      distances ``0, dilation, …, (window - 1)·dilation`` before i (both sides if not causal);
+    - ``"window + global"``: ``add_global_tokens(sliding_window_mask(T, window, causal),
+      global_positions)``, Longformer's pattern; positions as for :func:`parse_positions`.
     """
     if mode == "none":
         return None
@@ -67,10 +131,19 @@ def build_mask(mode: str, T: int, length: int | None = None, window: int | None 
         if length is None or not 1 <= length <= T:
             raise ValueError(f"padding needs 1 <= length <= {T}, got {length}")
         return (torch.arange(T) < length).expand(T, T).clone()
-    if mode == "sliding window":
+    if mode in WINDOW_MODES:
         if window is None or window < 1:
-            raise ValueError(f"sliding window needs a width >= 1, got {window}")
-        return sliding_window_mask(T, window)
+            raise ValueError(f"{mode} needs a width >= 1, got {window}")
+        if mode == "sliding window":
+            return sliding_window_mask(T, window, causal=causal)
+        if mode == "dilated window":
+            if dilation is None or dilation < 1:
+                raise ValueError(f"dilated window needs a dilation >= 1, got {dilation}")
+            return dilated_window_mask(T, window, dilation, causal=causal)
+        if global_positions is None:
+            raise ValueError(f"window + global needs global positions (0 .. {T - 1}), e.g. [0]")
+        return add_global_tokens(sliding_window_mask(T, window, causal=causal),
+                                 parse_positions(global_positions, T))
     raise ValueError(f"unknown mask mode {mode!r}; choose one of {MASK_MODES}")
 
 
@@ -258,12 +331,17 @@ class AttentionExplorer:
     ``AttentionExplorer(tokens, source)`` then display it (it is the cell's last expression).
     ``source`` is a callable ``attend(mask)`` returning weights ``(T, T)``, ``(B, T, T)`` or
     ``(B, H, T, T)`` (the first sequence is shown), or a :class:`ModelSource`. Controls: layer,
-    head (or all heads as a grid), mask mode with its length / width slider, temperature on
-    the logits, and one checkbox per head to switch it off (model sources only).
+    head (or all heads as a grid), mask mode (``mode``) with its controls (``length`` for
+    padding; ``window`` for the window modes, ``dilation`` for the dilated window,
+    ``global_positions`` (a text such as ``"0, 5"``) for window + global, and ``causal`` for
+    the three window modes; the others are disabled), temperature on the logits, and one
+    checkbox per head to switch it off (model sources only).
 
     State for tests: ``weights`` (NumPy: ``(T, T)`` for one head, ``(H, T, T)`` for the grid;
     what is plotted), ``snapshot`` (all layers), ``prediction`` (the text shown), ``mask``,
-    ``png`` (the rendered image) and ``last_update_seconds``.
+    ``png`` (the rendered image), ``last_update_seconds`` and ``error`` (the message for a
+    bad setting, e.g. a global position out of range, shown under the controls while the
+    last good picture stays; ``None`` when all is well).
     """
 
     def __init__(self, tokens: Sequence[str], attend: Callable[[Tensor | None], Tensor] | ModelSource,
@@ -277,6 +355,14 @@ class AttentionExplorer:
         self.mode = widgets.Dropdown(options=MASK_MODES, value="none", description="mask", style=style)
         self.length = widgets.IntSlider(value=T, min=1, max=T, description="length (padding)", style=style)
         self.window = widgets.IntSlider(value=min(3, T), min=1, max=T, description="window width", style=style)
+        self.dilation = widgets.IntSlider(value=min(2, max(T - 1, 1)), min=1, max=max(T - 1, 1),
+                                          description="dilation", style=style)
+        self.global_positions = widgets.Text(value="0", placeholder="e.g. 0, 5", continuous_update=False,
+                                             description="global positions", style=style,
+                                             tooltip=f"token positions 0 .. {T - 1}, separated by commas")
+        self.causal = widgets.Checkbox(value=True, description="causal window", indent=False,
+                                       layout=widgets.Layout(width="auto"))
+        self.mask_info = widgets.HTML(value="", layout=widgets.Layout(display="none"))  # shown when it says something
         self.temperature = widgets.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.05,
                                                   description="temperature", style=style)
         self.layer = widgets.Dropdown(options=list(range(self.source.num_layers)), value=0,
@@ -287,6 +373,7 @@ class AttentionExplorer:
         self.prediction_box = widgets.HTML(value="")
         self.output = widgets.Output()
         self.mask: Tensor | None = None
+        self.error: str | None = None
         self.snapshot: Snapshot | None = None
         self.prediction: str | None = None
         self.weights = np.zeros((T, T))
@@ -302,7 +389,8 @@ class AttentionExplorer:
                 for box in self.ablate[layer]:
                     box.observe(lambda change: self.update(), names="value")
         self._refresh_head_options(first=True)
-        for control in (self.mode, self.length, self.window, self.temperature, self.head):
+        for control in (self.mode, self.length, self.window, self.dilation, self.global_positions, self.causal,
+                        self.temperature, self.head):
             control.observe(lambda change: self.update(), names="value")
         self.layer.observe(lambda change: (self._refresh_head_options(), self.update()), names="value")
         self.update()
@@ -326,8 +414,12 @@ class AttentionExplorer:
 
     @property
     def widget(self) -> widgets.Widget:
-        rows = [widgets.HBox([self.layer, self.head, self.mode, self.length, self.window]),
-                widgets.HBox([self.temperature])]
+        # three controls a row: at a laptop's width (a ~1000 px notebook) five in a row squeezed
+        # the sliders to a dot
+        rows = [widgets.HBox([self.layer, self.head, self.temperature]),
+                widgets.HBox([self.mode, self.length, self.window]),
+                widgets.HBox([self.dilation, self.global_positions, self.causal]),
+                self.mask_info]
         if self.ablate:
             rows.append(self.ablation)
             rows.append(self.prediction_box)
@@ -340,9 +432,21 @@ class AttentionExplorer:
             return
         start = time.perf_counter()
         T = len(self.tokens)
-        self.length.disabled = self.mode.value != "padding"
-        self.window.disabled = self.mode.value != "sliding window"
-        self.mask = build_mask(self.mode.value, T, self.length.value, self.window.value)
+        mode = self.mode.value
+        self.length.disabled = mode != "padding"
+        self.window.disabled = self.causal.disabled = mode not in WINDOW_MODES
+        self.dilation.disabled = mode != "dilated window"
+        self.global_positions.disabled = mode != "window + global"
+        try:
+            mask = build_mask(mode, T, self.length.value, self.window.value, self.dilation.value,
+                              self.global_positions.value, self.causal.value)
+        except ValueError as error:  # a bad setting typed in the widget: say so, keep the last picture
+            self.error = str(error)
+            self._say(f"<span style='color:#c00'>{html.escape(self.error)}</span>")
+            return
+        self.error = None
+        self._say(self._mask_description())
+        self.mask = mask
         self.snapshot = self.source(self.mask, float(self.temperature.value), self.ablated())
         layer_weights = self.snapshot.weights[self.layer.value]  # (H, T_q, T_k)
         grid = self.head.value == ALL_HEADS
@@ -353,6 +457,18 @@ class AttentionExplorer:
         self._draw(grid)
         self._show()
         self.last_update_seconds = time.perf_counter() - start
+
+    def _say(self, text: str) -> None:
+        self.mask_info.value = text
+        self.mask_info.layout.display = None if text else "none"
+
+    def _mask_description(self) -> str:
+        """A line under the controls naming the global tokens (window + global only)."""
+        if self.mode.value != "window + global":
+            return ""
+        positions = parse_positions(self.global_positions.value, len(self.tokens))
+        names = ", ".join(f"{p} ({html.escape(self.tokens[p])})" for p in positions)
+        return f"global tokens: {names}"
 
     def _heads_label(self) -> str:
         off = self.ablated().get(self.layer.value, [])
