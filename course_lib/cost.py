@@ -11,7 +11,7 @@ from torch import Tensor
 from .attention import scaled_dot_product_attention
 from .device import torch_threads
 
-__all__ = ["attention_cost"]
+__all__ = ["attention_cost", "compare_attention", "loglog_slope", "largest_tensor_bytes"]
 
 
 def _sync(device: torch.device) -> None:
@@ -64,6 +64,63 @@ def _measure(lengths, d_k, heads, repeats, device, attend) -> dict[str, list]:
         result["seconds"].append(best)
         result["weight_bytes"].append(weights.numel() * weights.element_size())
     return result
+
+
+def compare_attention(
+    methods: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]],
+    lengths: Sequence[int],
+    d_k: int = 64,
+    heads: int = 1,
+    device: torch.device | str = "cpu",
+    threads: int | None = 1,
+    max_seconds: float = 1.0,
+    progress: bool = True,
+) -> dict[str, dict[str, list]]:
+    """Time and memory of several attention functions ``f(q, k, v) -> out`` as T grows.
+
+    Inputs are ``(1, heads, T, d_k)``. For each method and length: the best of a few runs
+    (as :func:`attention_cost`) and the bytes of the largest tensor it creates
+    (:func:`largest_tensor_bytes`, the score matrix for full attention). A method whose
+    run at some length took more than ``max_seconds`` is not timed at longer lengths.
+    Returns ``{name: {"T": [...], "seconds": [...], "largest_bytes": [...]}}``.
+    """
+    from tqdm.auto import tqdm
+
+    device = torch.device(device)
+    results = {name: {"T": [], "seconds": [], "largest_bytes": []} for name in methods}
+    g = torch.Generator().manual_seed(0)
+    with torch_threads(threads if device.type == "cpu" else None), torch.no_grad():
+        for T in tqdm(lengths, desc="sequence lengths", disable=not progress):
+            q, k, v = (torch.randn(1, heads, T, d_k, generator=g).to(device) for _ in range(3))
+            for name, attend in methods.items():
+                r = results[name]
+                if r["seconds"] and r["seconds"][-1] > max_seconds:
+                    continue  # too slow already: the next length would only be slower
+                attend(q, k, v)  # warm-up
+                best, spent, runs = float("inf"), 0.0, 0
+                while runs < 2 or (spent < 0.1 and runs < 20):
+                    runs += 1
+                    _sync(device)
+                    start = time.perf_counter()
+                    attend(q, k, v)
+                    _sync(device)
+                    elapsed = time.perf_counter() - start
+                    best, spent = min(best, elapsed), spent + elapsed
+                r["T"].append(int(T))
+                r["seconds"].append(best)
+                r["largest_bytes"].append(largest_tensor_bytes(lambda: attend(q, k, v)))
+    return results
+
+
+def loglog_slope(x: Sequence[float], y: Sequence[float], last: int = 3) -> float:
+    """Slope of ``log y`` against ``log x`` fitted on the ``last`` largest points: the
+    exponent ``p`` of ``y ∝ x^p`` once constant costs no longer matter."""
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError("need at least two (x, y) points of equal count")
+    lx = torch.tensor(x[-last:], dtype=torch.float64).log()
+    ly = torch.tensor(y[-last:], dtype=torch.float64).log()
+    lx, ly = lx - lx.mean(), ly - ly.mean()
+    return float((lx * ly).sum() / (lx * lx).sum())
 
 
 def largest_tensor_bytes(fn: Callable[[], object]) -> int:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from typing import Iterator
+from typing import Iterator, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["get_device", "seed_everything", "grading_mode", "torch_threads"]
+__all__ = ["get_device", "seed_everything", "grading_mode", "full_or_quick", "torch_threads"]
+
+T = TypeVar("T")
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -61,6 +63,13 @@ def grading_mode() -> bool:
     graded cells, not a well-trained model.
     """
     return os.environ.get("WORKBOOK_GRADING", "") not in ("", "0", "false", "False")
+
+
+def full_or_quick(full: T, quick: T) -> T:
+    """``full`` normally, ``quick`` while the autograder runs the notebook
+    (:func:`grading_mode`): one call that keeps the switch out of a notebook's cells,
+    e.g. ``lengths = full_or_quick([256, 512, 1024], [128])``."""
+    return quick if grading_mode() else full
 
 
 @contextlib.contextmanager

@@ -68,32 +68,62 @@ def add_global_tokens(mask: Tensor, global_positions: Sequence[int] | Tensor) ->
     return out
 
 
-def _window_view(x: Tensor, left: int, right: int) -> Tensor:
-    """``x (..., T, d) -> (..., T, left + 1 + right, d)``: for each position t the rows
-    ``t - left .. t + right`` (zeros outside ``0 .. T-1``), as a view of a padded copy."""
-    padded = F.pad(x, (0, 0, left, right))  # (..., left + T + right, d)
-    return padded.unfold(-2, left + 1 + right, 1).transpose(-2, -1)
+def _block_views(x: Tensor, b: int, n: int, before: int, after: int) -> list[Tensor]:
+    """``x (..., T, d)`` cut into ``n`` blocks of ``b`` rows (zero-padded): for each offset
+    ``j`` in ``-before .. after``, the view ``(..., n, b, d)`` whose block ``i`` holds rows
+    of block ``i + j``. Views of one padded copy: no ``(T, T)`` and no ``(T, window, d)``."""
+    padded = F.pad(x, (0, 0, before * b, n * b - x.size(-2) + after * b))
+    blocks = padded.unflatten(-2, (n + before + after, b))  # (..., n + before + after, b, d)
+    return [blocks[..., j:j + n, :, :] for j in range(before + after + 1)]
+
+
+def _local(q: Tensor, k: Tensor, v: Tensor, window: int, causal: bool,
+           global_positions: Tensor | None = None) -> Tensor:
+    """Windowed attention in blocks of ``window`` queries: block ``i`` scores its queries
+    against the key blocks ``i - 1, i`` (and ``i + 1`` when not causal), ``(..., T, 3·window)``
+    scores at most, with keys outside the window masked. ``global_positions (G,)``: every
+    query also attends to these keys (counted once), as Longformer's global tokens."""
+    T, b = q.size(-2), window
+    n = -(-T // b)
+    before, after = 1, (0 if causal else 1)
+    scale = 1.0 / math.sqrt(q.size(-1))
+    qb = _block_views(q, b, n, 0, 0)[0]  # (..., n, b, d_k)
+    k_parts, v_parts = _block_views(k, b, n, before, after), _block_views(v, b, n, before, after)
+    scores = torch.cat([qb @ kp.transpose(-2, -1) for kp in k_parts], dim=-1) * scale  # (..., n, b, K)
+    row, col = torch.arange(b, device=q.device), torch.arange(scores.size(-1), device=q.device)
+    distance = row[:, None] + before * b - col[None, :]  # (b, K): the same in every block
+    in_window = (distance < window) & (distance >= (0 if causal else 1 - window))
+    block = torch.arange(n, device=q.device)[:, None, None]
+    q_pos = block * b + row[None, :, None]  # (n, b, 1)
+    k_pos = (block - before) * b + col[None, None, :]  # (n, 1, K)
+    allowed = in_window & (k_pos >= 0) & (k_pos < T)  # (n, b, K) booleans
+    if global_positions is not None:
+        allowed = allowed & ~torch.isin(k_pos, global_positions)  # global keys come below, once
+    allowed = allowed | (q_pos >= T)  # padding queries (dropped at the end) must see something
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if global_positions is not None:
+        g_scores = (q @ k[..., global_positions, :].transpose(-2, -1)) * scale  # (..., T, G)
+        g_scores = F.pad(g_scores, (0, 0, 0, n * b - T)).unflatten(-2, (n, b))  # (..., n, b, G)
+        scores = torch.cat([scores, g_scores], dim=-1)
+    weights = torch.softmax(scores, dim=-1)
+    out = sum(weights[..., j * b:(j + 1) * b] @ vp for j, vp in enumerate(v_parts))  # (..., n, b, d_v)
+    if global_positions is not None:
+        out = out + weights[..., len(v_parts) * b:] @ v[..., global_positions, :].unsqueeze(-3)
+    return out.flatten(-3, -2)[..., :T, :]
 
 
 def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, causal: bool = True) -> Tensor:
     """Self-attention restricted to a sliding window, without any ``(T, T)`` tensor.
 
     ``q, k (..., T, d_k)``, ``v (..., T, d_v)``. Equals masked full attention with
-    ``sliding_window_mask(T, window, causal)``; scores are held as ``(..., T, W)`` with
-    ``W = window`` (causal) or ``2·window - 1``: memory ``O(T · window)``.
-    Returns ``(..., T, d_v)``.
+    ``sliding_window_mask(T, window, causal)``. Queries are taken in blocks of ``window``;
+    each block is scored against its own and the neighbouring key blocks, so scores are
+    ``(..., T, 2·window)`` (causal) or ``(..., T, 3·window)``: memory ``O(T · window)``,
+    and dense matrix products that run fast. Returns ``(..., T, d_v)``.
     """
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
-    T = q.size(-2)
-    left, right = window - 1, (0 if causal else window - 1)
-    k_win = _window_view(k, left, right)  # (..., T, W, d_k)
-    v_win = _window_view(v, left, right)  # (..., T, W, d_v)
-    scores = (q.unsqueeze(-2) @ k_win.transpose(-2, -1)).squeeze(-2) / math.sqrt(q.size(-1))  # (..., T, W)
-    key_pos = torch.arange(T, device=q.device)[:, None] + torch.arange(-left, right + 1, device=q.device)
-    inside = (key_pos >= 0) & (key_pos < T)  # (T, W): padding is never attended to
-    weights = torch.softmax(scores.masked_fill(~inside, float("-inf")), dim=-1)
-    return (weights.unsqueeze(-2) @ v_win).squeeze(-2)
+    return _local(q, k, v, window, causal)
 
 
 def local_global_attention(q: Tensor, k: Tensor, v: Tensor, window: int,
@@ -106,17 +136,11 @@ def local_global_attention(q: Tensor, k: Tensor, v: Tensor, window: int,
     ``q, k (..., T, d_k)``, ``v (..., T, d_v)`` -> ``(..., T, d_v)``; memory
     ``O(T · (window + G))`` for ``G`` global positions.
     """
-    T = q.size(-2)
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
     g = torch.as_tensor(list(global_positions), dtype=torch.long, device=q.device)
-    left = right = window - 1
+    out = _local(q, k, v, window, causal=False, global_positions=g)
     scale = 1.0 / math.sqrt(q.size(-1))
-    k_win, v_win = _window_view(k, left, right), _window_view(v, left, right)  # (..., T, W, d)
-    s_win = (q.unsqueeze(-2) @ k_win.transpose(-2, -1)).squeeze(-2) * scale  # (..., T, W)
-    key_pos = torch.arange(T, device=q.device)[:, None] + torch.arange(-left, right + 1, device=q.device)
-    usable = (key_pos >= 0) & (key_pos < T) & ~torch.isin(key_pos, g)  # global keys are counted once, below
-    s_glob = (q @ k[..., g, :].transpose(-2, -1)) * scale  # (..., T, G)
-    w = torch.softmax(torch.cat([s_win.masked_fill(~usable, float("-inf")), s_glob], dim=-1), dim=-1)
-    out = (w[..., :-len(g)].unsqueeze(-2) @ v_win).squeeze(-2) + w[..., -len(g):] @ v[..., g, :]
     full_rows = torch.softmax((q[..., g, :] @ k.transpose(-2, -1)) * scale, dim=-1) @ v  # (..., G, d_v)
     return out.index_copy(-2, g, full_rows)
 

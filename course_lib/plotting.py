@@ -14,7 +14,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["attention_heatmap", "mask_image", "cost_curves", "to_numpy",
+__all__ = ["attention_heatmap", "mask_image", "cost_curves", "cost_comparison", "to_numpy",
            "gradient_norms_vs_distance", "per_position_accuracy", "accuracy_vs_length", "alignment_heatmap",
            "recurrence_timing"]
 
@@ -83,6 +83,30 @@ def cost_curves(lengths: Sequence[int], seconds: Sequence[float], weight_bytes: 
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_title("time grows ~ T² for long sequences")
     axes[1].set_title("the T×T weight matrix: exactly ∝ T²")
+    return axes
+
+
+def cost_comparison(results: dict[str, dict[str, list]], axes: Sequence[Axes] | None = None,
+                    last: int = 3) -> Sequence[Axes]:
+    """Log-log time and largest tensor against T for several attention methods (the output
+    of ``course_lib.cost.compare_attention``), each labelled with its fitted slope over
+    its ``last`` longest lengths."""
+    from .cost import loglog_slope
+
+    if axes is None:
+        axes = plt.subplots(1, 2, figsize=(11, 4))[1]
+    for name, r in results.items():
+        for ax, key, scale in ((axes[0], "seconds", 1e3), (axes[1], "largest_bytes", 2.0**-20)):
+            values = np.asarray(r[key], dtype=float) * scale
+            slope = loglog_slope(r["T"], values, last) if len(values) >= 2 else float("nan")
+            ax.loglog(r["T"], values, "o-", label=f"{name} (slope {slope:.1f})")
+    for ax, label, title in ((axes[0], "time per call (ms)", "time"),
+                             (axes[1], "largest tensor created (MiB)", "memory")):
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel(label)
+        ax.set_title(f"{title}: slope 2 is quadratic, 1 is linear")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
     return axes
 
 

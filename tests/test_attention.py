@@ -97,3 +97,32 @@ def test_attention_cost_measures_quadratic_memory():
     assert cost["T"] == [16, 32, 64]
     assert cost["weight_bytes"] == [2 * t * t * 4 for t in (16, 32, 64)]
     assert all(s > 0 for s in cost["seconds"])
+
+
+def test_loglog_slope_reads_the_exponent():
+    from course_lib.cost import loglog_slope
+
+    x = [128, 256, 512, 1024, 2048]
+    assert loglog_slope(x, [3e-6 * t**2 for t in x]) == pytest.approx(2.0)
+    assert loglog_slope(x, [5.0 + 0 * t for t in x]) == pytest.approx(0.0)
+    # only the last points count: a constant cost that dominates short lengths is ignored
+    assert loglog_slope(x, [1.0 if t < 512 else t / 512 for t in x]) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        loglog_slope([1], [1])
+
+
+def test_compare_attention_records_time_and_the_largest_tensor():
+    import time as _time
+
+    from course_lib.attention import scaled_dot_product_attention
+    from course_lib.cost import compare_attention
+
+    def slow(q, k, v):
+        _time.sleep(0.03)
+        return v
+
+    r = compare_attention({"full": lambda q, k, v: scaled_dot_product_attention(q, k, v)[0], "slow": slow},
+                          [16, 32, 64], d_k=8, heads=2, max_seconds=0.01, progress=False)
+    assert r["full"]["T"] == [16, 32, 64] and all(s > 0 for s in r["full"]["seconds"])
+    assert r["full"]["largest_bytes"] == [2 * T * T * 4 for T in (16, 32, 64)]  # the (1, heads, T, T) weights
+    assert r["slow"]["T"] == [16]  # over max_seconds at the first length: not timed again

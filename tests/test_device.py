@@ -44,3 +44,12 @@ def test_grading_mode(monkeypatch):
     assert grading_mode()
     monkeypatch.setenv("WORKBOOK_GRADING", "0")
     assert not grading_mode()
+
+
+def test_full_or_quick(monkeypatch):
+    from course_lib.device import full_or_quick
+
+    monkeypatch.delenv("WORKBOOK_GRADING", raising=False)
+    assert full_or_quick([256, 512], [128]) == [256, 512]
+    monkeypatch.setenv("WORKBOOK_GRADING", "1")
+    assert full_or_quick([256, 512], [128]) == [128]

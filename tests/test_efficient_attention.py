@@ -215,3 +215,40 @@ def test_largest_tensor_bytes_sees_the_score_matrix():
     assert largest_tensor_bytes(lambda: scaled_dot_product_attention(q, k, v)) >= 256 * 256 * 4
     assert largest_tensor_bytes(lambda: sliding_window_attention(q, k, v, 4)) <= 256 * 4 * 8 * 4  # (T, window, d)
     assert largest_tensor_bytes(lambda: online_softmax_attention(q, k, v, 16)) <= 256 * 16 * 4  # (T, block_size)
+
+
+@pytest.mark.parametrize("T,window,causal", [(1, 1, True), (5, 7, False), (31, 8, True), (32, 8, False), (33, 1, False)])
+def test_blocked_window_edges_and_gradients_equal_the_masked_kernel(T, window, causal):
+    """Lengths that are not a multiple of the window, windows longer than the input, and the
+    gradients (padding queries must not turn them into nan)."""
+    q, k, v = (t.requires_grad_() for t in qkv(2, T, 4, seed=T))
+    out = sliding_window_attention(q, k, v, window, causal)
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    expected = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=sliding_window_mask(T, window, causal))
+    assert torch.allclose(out, expected, atol=1e-12)
+    (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+    (expected * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        assert torch.allclose(a.grad, b.grad, atol=1e-10)
+
+
+def test_blocked_window_holds_no_key_copy_per_query():
+    """Scores of (T, 3·window) and views of the padded keys: nothing of (T, window, d)."""
+    T, window, d = 1024, 32, 64
+    q, k, v = (torch.randn(1, T, d) for _ in range(3))
+    largest = largest_tensor_bytes(lambda: sliding_window_attention(q, k, v, window, causal=False))
+    assert largest <= max(T * 3 * window, (T + 2 * window) * d) * 4
+
+
+def test_long_context_model_heads_and_two_stage_training():
+    from course_lib.long_context import shift_accuracy, train_long_context
+
+    with pytest.raises(ValueError, match="divisible"):
+        LongContextModel(12, 8, "full", d_model=30, num_heads=4)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        LongContextModel(12, 8, "sparse")
+    run = train_long_context("window + global", long_T=96, short_T=32, short_steps=3, long_steps=2,
+                             batch_size=8, progress=False)
+    assert run.short.steps == 3 and run.long.steps == 2 and run.long_T == 96
+    assert run.seconds_per_step > 0 and 0.0 <= run.accuracy <= 1.0
+    assert run.accuracy == shift_accuracy(run.model, 96)  # fresh inputs, the same every time
