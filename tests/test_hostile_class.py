@@ -106,6 +106,8 @@ WRONG = {
                             "self.self_attn(h, h, h)"),
     "07_bert_mlm_nsp": _edit("07_bert_mlm_nsp", "NSPHead", "hidden[:, 0]", "hidden[:, -1]"),
     "08_gpt_in_context_learning": _edit("08_gpt_in_context_learning", "GPTBlock", ".tril()", ".tril(-1)"),
+    "09_efficient_attention": _edit("09_efficient_attention", "sliding_window_mask", "(distance < window)",
+                                    "(distance <= window)"),
 }
 assert set(WRONG) == set(NOTEBOOKS), "a notebook has no hostile class"
 

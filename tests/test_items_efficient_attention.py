@@ -1,9 +1,6 @@
 """Notebook 09's check specs: independent correct implementations earn every point,
 stubs are reported once, each catalogued mistake loses points and is named (also under
-other salts), and the memory and cache checks catch what they are for.
-
-The specs are registered (course_lib/grading/registry.py) together with notebook 09's
-solution notebook; until then they are read from their module."""
+other salts), and the memory and cache checks catch what they are for."""
 
 from __future__ import annotations
 
@@ -13,13 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.grading import grade
+from course_lib.grading import get_spec, grade
 from course_lib.grading.items import efficient_attention as items
 from course_lib.sampling import sample_next_token
-
-
-def get_spec(name):
-    return items.SPECS[name]
 
 
 def assert_full_marks(name, impl):

@@ -22,6 +22,7 @@ ITEM_MODULES = (
     "course_lib.grading.items.transformer",
     "course_lib.grading.items.bert",
     "course_lib.grading.items.gpt",
+    "course_lib.grading.items.efficient_attention",
 )
 
 
