@@ -100,8 +100,11 @@ def cost_comparison(results: dict[str, dict[str, list]], axes: Sequence[Axes] | 
             values = np.asarray(r[key], dtype=float) * scale
             slope = loglog_slope(r["T"], values, last) if len(values) >= 2 else float("nan")
             ax.loglog(r["T"], values, "o-", label=f"{name} (slope {slope:.1f})")
+    lengths = sorted({T for r in results.values() for T in r["T"]})
     for ax, label, title in ((axes[0], "time per call (ms)", "time"),
                              (axes[1], "largest tensor created (MiB)", "memory")):
+        ax.set_xticks(lengths, [str(T) for T in lengths])
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.set_xlabel("sequence length T")
         ax.set_ylabel(label)
         ax.set_title(f"{title}: slope 2 is quadratic, 1 is linear")
