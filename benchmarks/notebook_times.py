@@ -1,24 +1,50 @@
 """Each solution notebook's wall time, top to bottom, against its time budget.
 
     .venv/bin/python benchmarks/notebook_times.py [NOTEBOOK ...] [--grading] [--json OUT] [--compare BEFORE]
+                                                  [--attention fast|explicit]
 
 The budgets are what each notebook promises a student on a 2-core laptop CPU. The test
 suite checks what the notebooks show, never how long they take (shared machines are
 noisy); this is where the time is measured. ``--json`` keeps the numbers, ``--compare``
 prints them beside an earlier run's (e.g. before and after a change to course_lib).
 ``--grading`` runs the notebooks as the autograder does (``WORKBOOK_GRADING=1``: short
-training). Run it on an otherwise idle machine.
+training). ``--attention explicit`` turns course_lib's attention fast path off in the
+kernels (every course model computes its ``(T, T)`` weights, as before the fast path):
+with ``--attention fast`` (the same start-up, path left on) it gives the fast path's
+before and after::
+
+    benchmarks/notebook_times.py --attention explicit --json before.json
+    benchmarks/notebook_times.py --attention fast --compare before.json
+
+Run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+# Imported by every kernel at start-up (``sitecustomize``) with --attention: both modes import
+# the same modules, so that only the attention path differs between the two runs.
+_STARTUP = """
+import torch.nn.functional as F
+import course_lib.attention as _attention
+import course_lib.multihead as _multihead
+
+if {explicit}:
+    def _explicit_attention(q, k, v, mask=None, dropout_p=0.0):
+        out, weights = _attention.scaled_dot_product_attention(q, k, v, mask)
+        return out if dropout_p == 0.0 else F.dropout(weights, p=dropout_p) @ v
+
+    _attention.fused_attention = _multihead.fused_attention = _explicit_attention
+"""
 
 # seconds, top to bottom on a quiet 2-core CPU
 BUDGETS = {
@@ -40,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grading", action="store_true", help="run as the autograder does (short training)")
     parser.add_argument("--json", help="write the times to this file")
     parser.add_argument("--compare", help="a file written by --json earlier: show its times beside")
+    parser.add_argument("--attention", choices=("fast", "explicit"),
+                        help="course_lib's attention fast path on (fast) or off (explicit), for before/after")
     args = parser.parse_args(argv)
+    if args.attention:
+        startup = Path(tempfile.mkdtemp(prefix="workbook-bench-"))
+        (startup / "sitecustomize.py").write_text(_STARTUP.format(explicit=args.attention == "explicit"))
+        os.environ["PYTHONPATH"] = str(startup) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
     from tqdm import tqdm
     from nbtools import execute
@@ -58,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         times[name] = seconds
         errors[name] = sum(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
 
-    mode = "grading mode" if args.grading else "full run"
+    mode = ("grading mode" if args.grading else "full run") + (f", {args.attention} attention" if args.attention else "")
     print(f"\nnotebook wall times ({mode}, {len(names)} notebooks)")
     print(f"{'notebook':<30}{'seconds':>9}{'budget':>8}{'share':>8}" + (f"{'before':>9}{'after/before':>14}" if before else ""))
     for name in names:
