@@ -218,6 +218,13 @@ class Course:
         return (self.root / "grading" / "feedback" / student / assignment / f"{notebook}.html").read_text()
 
 
+def edited(sources: dict[str, str], item: str, old: str, new: str) -> str:
+    """A wrong answer for a test: the solution of ``item`` in ``sources`` (from
+    :func:`solution_sources`) with ``old`` replaced by ``new``; fails if ``old`` is not in it."""
+    assert old in sources[item], f"{old!r} not in the solution of {item}"
+    return sources[item].replace(old, new)
+
+
 def solution_sources(assignment: str, notebook: str | None = None) -> dict[str, str]:
     """``{grade_id: source}`` of the solution cells of a solutions/ notebook."""
     notebook = notebook or assignment

@@ -60,7 +60,8 @@ import pytest
 
 from conftest import ROOT
 from course_lib.grading import get_spec
-from nbtools import CLASS, PYTHON_BIN, Course, cell, filled, kernel_env, register, snapshot, solution_sources, text
+from nbtools import (CLASS, PYTHON_BIN, Course, cell, edited, filled, kernel_env, register, snapshot, solution_sources,
+                     text)
 
 pytestmark = pytest.mark.slow
 
@@ -84,9 +85,7 @@ def _sol(a: str) -> dict[str, str]:
 
 
 def _edit(a: str, item: str, old: str, new: str) -> tuple[str, str]:
-    source = _sol(a)[item]
-    assert old in source, f"{a}: {old!r} not in the solution of {item}"
-    return item, source.replace(old, new)
+    return item, edited(_sol(a), item, old, new)
 
 
 # notebook -> (item, wrong source of its cell): one catalogued mistake per notebook, on an

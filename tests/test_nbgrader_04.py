@@ -4,10 +4,11 @@ feedback names each mistake."""
 
 from __future__ import annotations
 
+from functools import partial
 
 import pytest
 
-from nbtools import nbgrader_suite, solution_sources
+from nbtools import edited, nbgrader_suite, solution_sources
 
 pytestmark = pytest.mark.slow
 
@@ -15,9 +16,7 @@ A = "04_multi_head_attention"
 SOL = solution_sources(A)
 
 
-def _replace(item: str, old: str, new: str) -> str:
-    assert old in SOL[item], f"{old!r} not in the solution of {item}"
-    return SOL[item].replace(old, new)
+_replace = partial(edited, SOL)
 
 
 SPLIT_NO_TRANSPOSE = _replace("split_heads", "x.reshape(B, T, num_heads, D // num_heads).transpose(1, 2)",

@@ -3,10 +3,11 @@ and catalogued mistakes; exact scores, and the feedback names each mistake."""
 
 from __future__ import annotations
 
+from functools import partial
 
 import pytest
 
-from nbtools import nbgrader_suite, solution_sources
+from nbtools import edited, nbgrader_suite, solution_sources
 
 pytestmark = pytest.mark.slow
 
@@ -14,9 +15,7 @@ A = "05_positional_encoding"
 SOL = solution_sources(A)
 
 
-def _replace(item: str, old: str, new: str) -> str:
-    assert old in SOL[item], f"{old!r} not in the solution of {item}"
-    return SOL[item].replace(old, new)
+_replace = partial(edited, SOL)
 
 
 SIN_COS_SWAPPED = _replace("sinusoidal_positional_encoding",

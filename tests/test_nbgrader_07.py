@@ -4,10 +4,11 @@ error; exact scores, and the feedback names each mistake."""
 
 from __future__ import annotations
 
+from functools import partial
 
 import pytest
 
-from nbtools import assert_reports_not_tracebacks, nbgrader_suite, solution_sources
+from nbtools import assert_reports_not_tracebacks, edited, nbgrader_suite, solution_sources
 
 pytestmark = pytest.mark.slow
 
@@ -15,9 +16,7 @@ A = "07_bert_mlm_nsp"
 SOL = solution_sources(A)
 
 
-def _edit(item: str, old: str, new: str) -> str:
-    assert old in SOL[item], f"{old!r} not in the solution of {item}"
-    return SOL[item].replace(old, new)
+_edit = partial(edited, SOL)
 
 
 TIES_LARGEST = _edit("bpe_train", "pair = min(p for p, c", "pair = max(p for p, c")

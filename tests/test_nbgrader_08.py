@@ -5,10 +5,11 @@ that the feedback names each mistake."""
 
 from __future__ import annotations
 
+from functools import partial
 
 import pytest
 
-from nbtools import assert_reports_not_tracebacks, nbgrader_suite, solution_sources
+from nbtools import assert_reports_not_tracebacks, edited, nbgrader_suite, solution_sources
 
 pytestmark = pytest.mark.slow
 
@@ -16,10 +17,7 @@ A = "08_gpt_in_context_learning"
 SOL = solution_sources(A)
 
 
-def _changed(item: str, old: str, new: str) -> str:
-    source = SOL[item]
-    assert old in source, f"{old!r} not in the solution of {item}"
-    return source.replace(old, new)
+_changed = partial(edited, SOL)
 
 
 DIAGONAL_EXCLUDED = _changed("GPTBlock", ".tril()", ".tril(-1)")

@@ -5,9 +5,11 @@ that the feedback names each mistake."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
-from nbtools import assert_reports_not_tracebacks, nbgrader_suite, solution_sources
+from nbtools import assert_reports_not_tracebacks, edited, nbgrader_suite, solution_sources
 
 pytestmark = pytest.mark.slow
 
@@ -15,10 +17,7 @@ A = "09_efficient_attention"
 SOL = solution_sources(A)
 
 
-def _changed(item: str, old: str, new: str) -> str:
-    source = SOL[item]
-    assert old in source, f"{old!r} not in the solution of {item}"
-    return source.replace(old, new)
+_changed = partial(edited, SOL)
 
 
 WINDOW_OFF_BY_ONE = _changed("sliding_window_mask", "return (distance >= 0) & (distance < window)",
