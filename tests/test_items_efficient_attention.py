@@ -185,14 +185,42 @@ def test_mistakes_are_named_under_other_salts(item, mistake, salt):
     assert mistake.hint in "\n".join(r.message for r in result.results)
 
 
+MEMORY_TITLE = "no (T, T) tensor: T = 262,144, window 4 (a (T, T) one would need 256 GiB)"
+
+
 def test_full_attention_with_a_window_mask_fails_only_the_memory_check():
     def masked_full(q, k, v, window, causal=True):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.size(-2), window, causal, q.device))
 
     result = grade(get_spec("sliding_window_attention"), masked_full, hidden=True)
     failed = [r for r in result.results if not r.passed]
-    assert [r.title for r in failed] == ["no (T, T) tensor: T = 512, window 4"]
-    assert "(512, 512)" in failed[0].message
+    assert [r.title for r in failed] == [MEMORY_TITLE]
+    assert "would need 256 GiB" in failed[0].message and "T · window" in failed[0].message
+
+
+def test_the_memory_check_cannot_be_talked_out_of_by_the_student_process():
+    """The attack on an in-process measurement: the (T, T) scores made in numpy (invisible to
+    torch's dispatcher) and the grader's memory probe replaced by one that reports a tiny
+    tensor. Neither earns the point: at this T the machine itself refuses the (T, T) array."""
+    import numpy as np
+
+    from course_lib.grading import calls
+
+    def numpy_scores(q, k, v, window, causal=True):
+        s = np.asarray(q.detach()) @ np.swapaxes(np.asarray(k.detach()), -1, -2) / math.sqrt(q.size(-1))
+        s = np.where(np.asarray(window_mask(q.size(-2), window, causal)), s, -np.inf)  # (…, T, T) in numpy
+        w = np.exp(s - s.max(-1, keepdims=True))
+        return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ np.asarray(v.detach())).to(q.dtype)
+
+    forged = dict(calls.__dict__)
+    calls._memory_probe = lambda subject: lambda impl, inputs: {"output": impl(**inputs), "largest": [1]}
+    try:
+        result = grade(get_spec("sliding_window_attention"), numpy_scores, hidden=True)
+    finally:
+        calls._memory_probe = forged["_memory_probe"]
+    failed = {r.title: r.message for r in result.results if not r.passed}
+    assert set(failed) == {MEMORY_TITLE, "gradients reach q, k and v"}  # numpy also cuts the gradients
+    assert "would need 256 GiB" in failed[MEMORY_TITLE]
 
 
 def test_full_scores_in_one_block_fail_only_the_memory_check():
@@ -203,7 +231,9 @@ def test_full_scores_in_one_block_fail_only_the_memory_check():
         return torch.softmax(s, -1) @ v
 
     result = grade(get_spec("online_softmax_attention"), one_block, hidden=True)
-    assert [r.title for r in result.results if not r.passed] == ["never more than (T_q, block_size) scores: T = 256, block_size 16"]
+    assert [r.title for r in result.results if not r.passed] == [
+        items.ADVICE + "never more than (T_q, block_size) scores: T = 256, block_size 16"]
+    assert result.earned == get_spec("online_softmax_attention").points  # advice: measured in the student's process
 
 
 def test_generation_without_a_cache_fails_only_the_one_token_per_step_check():
@@ -216,8 +246,9 @@ def test_generation_without_a_cache_fails_only_the_one_token_per_step_check():
 
     result = grade(get_spec("cached_generate"), no_cache, hidden=True)
     failed = [r for r in result.results if not r.passed]
-    assert len(failed) == 1 and "one new token per step" in failed[0].title
+    assert len(failed) == 1 and "one new token per step" in failed[0].title and items.ADVICE in failed[0].title
     assert "positions in all" in failed[0].message and items.WHOLE_SEQUENCE_HINT in failed[0].message
+    assert result.earned == get_spec("cached_generate").points  # advice: measured in the student's process
 
 
 def test_a_cache_that_modifies_the_mask_in_place_loses_the_point():

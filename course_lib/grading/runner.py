@@ -244,7 +244,9 @@ class SubResult:
 
     @property
     def passed(self) -> bool:
-        return self.earned >= self.points
+        """Earned its points; a sub-check worth no points (advice) passes only without a
+        message (a failing or skipped sub-check always has one)."""
+        return self.earned >= self.points and (self.points > 0 or not self.message)
 
 
 @dataclass
@@ -413,17 +415,24 @@ def format_report(result: ItemResult) -> str:
         )
     n_pass = sum(r.passed for r in result.results)
     n = len(result.results)
+    graded = [r for r in result.results if r.points > 0]  # the others are advice
     lines: list[str] = []
     if result.graded:
         head = f"{name}: {result.earned:g}/{result.total_points:g} points"
+        g_pass = sum(r.passed for r in graded)
         if n_pass == n:
             lines.append(f"✓ {head} — " + ("the check passes." if n == 1 else f"all {n} checks pass."))
+        elif g_pass == len(graded):
+            lines.append(f"✓ {head} — all {len(graded)} graded checks pass; advice below.")
         else:
-            lines.append(f"✗ {head} — {n - n_pass} of {n} checks failed.")
+            lines.append(f"✗ {head} — {len(graded) - g_pass} of {len(graded)} graded checks failed.")
     else:
         if n_pass == n:
             which = "the visible check passes" if n == 1 else f"the {n} visible checks pass"
             lines.append(f"✓ {name}: {which}. The grader runs more checks on other inputs.")
+        elif all(r.passed for r in graded):
+            lines.append(f"✓ {name}: the graded visible checks pass; advice below. The grader runs more checks "
+                         "on other inputs.")
         else:
             lines.append(f"✗ {name}: {n - n_pass} of {n} visible checks failed.")
     if n_pass != n:
