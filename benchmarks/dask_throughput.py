@@ -1,7 +1,7 @@
 """Grading throughput through a Dask cluster against the local process pool, on the same
 submissions, in the same run.
 
-    PYTHONPATH=.:tests .venv/bin/python benchmarks/dask_throughput.py [--submissions 8] [--workers 2]
+    PYTHONPATH=.:tests .venv/bin/python benchmarks/dask_throughput.py [--submissions 4,12] [--workers 2]
 
 It builds two throw-away courses with notebook 03 released and the same ``--submissions``
 complete and partial submissions, then measures, one after the other:
@@ -12,11 +12,17 @@ complete and partial submissions, then measures, one after the other:
    starts (a standing cluster) but not yet warmed (their first task imports the grader,
    as the pool's fresh processes do).
 
-It prints the wall times, the per-submission overhead of going through Dask
-(``(dask - pool) * N / submissions``: seconds of a worker's time per submission), checks
-that both give the same scores, and projects the wall time of a course of 7,200
-submissions on 1 to 64 machines of ``--cores`` cores (one worker per core) from the
-measured seconds per submission. The machine should be otherwise idle.
+It prints the wall times and checks that both give the same scores. Going through Dask
+costs something once per batch (the client imports ``distributed`` and connects, workers
+warm up differently from the pool's processes) and something per submission (the task's
+trip through the scheduler, the worker's course check). With two or more batch sizes
+(``--submissions 4,12``, the default) the two are told apart: the extra time of Dask
+over the pool, ``dask - pool``, is fitted as ``fixed + per_submission * n / N`` over the
+sizes ``n`` (``N`` workers), so ``per_submission`` is seconds of a worker's time per
+submission, free of the batch's fixed cost. With one size, all of the difference is
+charged to the submissions. It projects the wall time of a course of 7,200 submissions
+on 1 to 64 machines of ``--cores`` cores (one worker per core) from the measured
+seconds per submission. The machine should be otherwise idle.
 """
 
 from __future__ import annotations
@@ -82,28 +88,49 @@ def run(n_submissions: int, workers: int, base: Path) -> dict:
             "scores": _scores(dask_course)}
 
 
+def _fit(sizes: list[int], extra: list[float], workers: int) -> tuple[float, float]:
+    """Least squares ``extra = fixed + per_submission * n / workers``: (fixed seconds per
+    batch, seconds of a worker's time per submission)."""
+    x = [n / workers for n in sizes]
+    mx, my = sum(x) / len(x), sum(extra) / len(extra)
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, extra)) / sum((a - mx) ** 2 for a in x)
+    return my - slope * mx, slope
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--submissions", type=int, default=8)
+    parser.add_argument("--submissions", default="4,12", help="batch size, or several separated by commas")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, default=16, help="cores of a grading machine, for the projection")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="workbook-dask-bench-") as tmp:
-        result = run(args.submissions, args.workers, Path(tmp))
-    t, n, w = result["timings"], args.submissions, args.workers
-    print(f"{n} submissions of {NOTEBOOK}, {w} workers")
-    for name, seconds in t.items():
-        print(f"  {name:5s} {seconds:7.1f} s   {n / seconds * 60:5.1f} submissions/min")
-    overhead = (t["dask"] - t["pool"]) * w / n
-    print(f"Dask overhead per submission: {overhead:+.2f} s of a worker's time (target < 0.2 s)")
-    print(f"same scores: {result['same_scores']}")
-    per_submission = t["dask"] * w / n  # seconds of one worker (one core) per submission
+    sizes = sorted({int(n) for n in args.submissions.split(",")})
+    w = args.workers
+    results = {}
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix="workbook-dask-bench-") as tmp:
+            results[n] = run(n, w, Path(tmp))
+        t = results[n]["timings"]
+        print(f"{n} submissions of {NOTEBOOK}, {w} workers")
+        for name, seconds in t.items():
+            print(f"  {name:5s} {seconds:7.1f} s   {n / seconds * 60:5.1f} submissions/min")
+        print(f"  same scores: {results[n]['same_scores']}")
+    extra = [results[n]["timings"]["dask"] - results[n]["timings"]["pool"] for n in sizes]
+    if len(sizes) > 1:
+        fixed, overhead = _fit(sizes, extra, w)
+        print(f"Dask's extra time once per batch: {fixed:+.2f} s")
+        print(f"Dask overhead per submission: {overhead:+.2f} s of a worker's time (target < 0.2 s)")
+    else:
+        overhead = extra[0] * w / sizes[0]
+        print(f"Dask overhead per submission (the batch's fixed cost included): {overhead:+.2f} s of a worker's time "
+              "(target < 0.2 s)")
+    n = sizes[-1]
+    per_submission = results[n]["timings"]["dask"] * w / n  # seconds of one worker (one core) per submission
     print(f"projected wall time for {COURSE_SIZE} submissions ({per_submission:.1f} s of one core each), "
           f"machines of {args.cores} cores:")
     for machines in (1, 4, 16, 64):
         minutes = COURSE_SIZE * per_submission / (machines * args.cores) / 60
         print(f"  {machines:3d} machine(s): {minutes:7.1f} min")
-    if not result["same_scores"]:
+    if not all(r["same_scores"] for r in results.values()):
         sys.exit("the pool and the cluster gave different scores")
 
 
