@@ -25,8 +25,13 @@ setup: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/python -m course_lib.workspace $(ROOT_FLAG) $(LAB_ARGS)
 
+# Two pytest workers (tests/conftest.py groups the tests: the shared graded class on one,
+# each other file whole). One worker: make test WORKERS=0
+WORKERS ?= 2
+XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+
 test: $(STAMP) browser sandbox postgres
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 # The JupyterLab end-to-end test drives headless Chromium. Installed here when possible
 # (root with apt-get, as on CI); otherwise that test is skipped with a note.
@@ -57,7 +62,7 @@ postgres:
 
 # Skip notebook execution and nbgrader runs (seconds instead of minutes).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 # Benchmarks (not tests): every notebook's wall time against its budget, course_lib's
 # attention against PyTorch's fused kernel. Run on an otherwise idle machine.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -20,6 +21,38 @@ def pytest_configure(config):
 
 
 GRADED_CLASS_TIMES: dict[str, float] = {}  # "assignment/student" -> seconds in the shared graded run
+
+# With pytest-xdist (`make test` runs `pytest -n 2 --dist loadgroup`), tests are handed out
+# to workers in groups: every test of the shared graded class in one group (one worker
+# grades that class once), every other test with the rest of its file (module fixtures and
+# a notebook's one execution stay in one worker). The graded class, the longest group,
+# goes first.
+GRADED_CLASS_GROUP = "graded-class"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        shared = "graded_class" in getattr(item, "fixturenames", ())
+        item.add_marker(pytest.mark.xdist_group(GRADED_CLASS_GROUP if shared else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: "graded_class" not in getattr(item, "fixturenames", ()))  # stable
+
+
+def pytest_sessionfinish(session):
+    """On an xdist worker: send this worker's timings to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["workbook_times"] = json.dumps({"notebooks": NOTEBOOK_TIMES, "graded_class": GRADED_CLASS_TIMES})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """On the xdist controller: gather a finished worker's timings for the summary."""
+    times = json.loads(getattr(node, "workeroutput", {}).get("workbook_times", "{}"))
+    NOTEBOOK_TIMES.update(times.get("notebooks", {}))
+    GRADED_CLASS_TIMES.update(times.get("graded_class", {}))
 
 
 def pytest_terminal_summary(terminalreporter):
