@@ -15,6 +15,7 @@ True = "may attend", attention returns ``(output, weights)``.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,11 @@ from torch import Tensor, nn
 from .attention import causal_mask
 from .multihead import MultiHeadAttention, attention_output, copy_from_torch
 from .positional import sinusoidal_positional_encoding
+
+# torch.nn.Transformer(norm_first=True), built here only to compare with, warns that its
+# nested-tensor fast path is off: that path is never used by these comparisons.
+warnings.filterwarnings("ignore", message="enable_nested_tensor is True, but self.use_nested_tensor is False",
+                        category=UserWarning)
 
 __all__ = [
     "LayerNorm",
