@@ -1,6 +1,6 @@
 """A small attention model for experiments, with a choice of attention and positions.
 
-``TinyTransformer`` = token embedding (+ absolute positions) → ``num_layers`` blocks of
+``TinyTransformer`` = token embedding (+ absolute positions) → ``n_layer`` blocks of
 (pre-LayerNorm attention + residual, pre-LayerNorm MLP + residual) → a linear read-out,
 per position or pooled over the sequence. The attention is course_lib's
 ``MultiHeadAttention`` (or any class with its interface), ``RelativeSelfAttention`` or
@@ -64,15 +64,15 @@ class TinyTransformer(nn.Module):
       for one per sequence ``(B, C)`` (padding excluded).
     - ``causal``: every position attends only to itself and earlier positions.
 
-    ``forward(tokens (B, T), lengths=None, return_attention=False, attn_mask=None)``;
+    ``forward(tokens (B, T), lengths=None, need_weights=False, attn_mask=None)``;
     ``lengths (B,)`` marks the real tokens of padded rows; ``attn_mask`` (boolean, broadcast
     to ``(B, T, T)``, True = may attend) restricts every layer further, on top of the causal
-    and padding masks. With ``return_attention`` it also returns the attention weights of
+    and padding masks. With ``need_weights`` it also returns the attention weights of
     every layer, each ``(B, H, T, T)``.
     """
 
     def __init__(self, vocab_size: int, num_outputs: int, d_model: int = 64, num_heads: int = 4,
-                 num_layers: int = 1, d_ff: int | None = None, positions: str = "learned", max_len: int = 64,
+                 n_layer: int = 1, d_ff: int | None = None, positions: str = "learned", max_len: int = 64,
                  max_distance: int = 4, pool: str | None = None, causal: bool = False,
                  attention: type[nn.Module] = MultiHeadAttention) -> None:
         super().__init__()
@@ -94,7 +94,7 @@ class TinyTransformer(nn.Module):
                 return RotarySelfAttention(d_model)
             return attention(d_model, num_heads)
 
-        self.layers = nn.ModuleList(_Block(make_attention(), d_model, d_ff or 4 * d_model) for _ in range(num_layers))
+        self.layers = nn.ModuleList(_Block(make_attention(), d_model, d_ff or 4 * d_model) for _ in range(n_layer))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_outputs)
 
@@ -102,7 +102,7 @@ class TinyTransformer(nn.Module):
         """The attention module of each layer, first layer first."""
         return [layer.attn for layer in self.layers]
 
-    def forward(self, tokens: Tensor, lengths: Tensor | None = None, return_attention: bool = False,
+    def forward(self, tokens: Tensor, lengths: Tensor | None = None, need_weights: bool = False,
                 attn_mask: Tensor | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
@@ -121,8 +121,8 @@ class TinyTransformer(nn.Module):
             mask = attn_mask if mask is None else mask & attn_mask
         weights = []
         for layer in self.layers:
-            x, w = layer(x, mask, need_weights=return_attention)
-            if return_attention:
+            x, w = layer(x, mask, need_weights=need_weights)
+            if need_weights:
                 weights.append(w if w.dim() == 4 else w.unsqueeze(1))
         x = self.norm(x)
         if self.pool == "max":
@@ -130,7 +130,7 @@ class TinyTransformer(nn.Module):
         elif self.pool == "mean":
             x = (x * real[..., None]).sum(1) / real.sum(1, keepdim=True) if real is not None else x.mean(1)
         logits = self.head(x)
-        return (logits, weights) if return_attention else logits
+        return (logits, weights) if need_weights else logits
 
 
 def accuracy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> float:
@@ -144,17 +144,17 @@ def accuracy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> float
 def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: int, lr: float = 3e-3,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, weight_decay: float = 0.0,
         attention_penalty: Callable[[list[Tensor]], Tensor] | None = None,
-        progress: bool = True, description: str = "training", cpu_threads: int | None = 1) -> list[float]:
+        progress: bool = True, desc: str = "training", num_threads: int | None = 1) -> list[float]:
     """Train ``model`` with AdamW (cosine-decayed learning rate) on ``steps`` fresh batches.
 
     ``make_batch()`` returns ``(inputs, targets)`` or ``(inputs, lengths, targets)``; the
     model is called as ``model(inputs)`` or ``model(inputs, lengths)``. ``loss_fn(logits,
     targets)`` defaults to cross-entropy over the last axis (ignoring index -100).
     ``attention_penalty(weights)``, if given, is added to the loss; the model is then called
-    with ``return_attention=True`` and ``weights`` is its list of per-layer attention weights.
+    with ``need_weights=True`` and ``weights`` is its list of per-layer attention weights.
     Returns the loss of every step (without the penalty). Batches are moved to the model's device.
 
-    ``cpu_threads``: on the CPU, the number of threads torch uses while training (restored
+    ``num_threads``: on the CPU, the number of threads torch uses while training (restored
     afterwards). The models of these notebooks are so small that one thread is fastest: more
     threads only add synchronisation, and on a busy machine they slow training down many times.
     ``None`` keeps torch's setting.
@@ -170,7 +170,7 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
         if attention_penalty is None:
             loss = total = task_loss(model(*inputs), y)
         else:
-            logits, weights = model(*inputs, return_attention=True)
+            logits, weights = model(*inputs, need_weights=True)
             loss = task_loss(logits, y)
             total = loss + attention_penalty(weights)
         task_losses.append(loss.item())
@@ -179,5 +179,5 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
     train(model, next_batch=lambda step: make_batch(), loss_fn=step_loss, steps=steps,
           optimizer=torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay),
           schedule=lambda step: 0.5 * (1 + math.cos(math.pi * step / max(1, steps))),
-          progress=progress, desc=description, num_threads=cpu_threads if device.type == "cpu" else None)
+          progress=progress, desc=desc, num_threads=num_threads if device.type == "cpu" else None)
     return task_losses

@@ -25,7 +25,7 @@ T = 12
 @pytest.fixture
 def setup():
     torch.manual_seed(0)
-    model = TinyTransformer(10, 10, d_model=16, num_heads=4, num_layers=2, positions="learned", max_len=32).eval()
+    model = TinyTransformer(10, 10, d_model=16, num_heads=4, n_layer=2, positions="learned", max_len=32).eval()
     tokens = torch.randint(0, 10, (1, T), generator=torch.Generator().manual_seed(1))
     labels = [str(t) for t in tokens[0].tolist()]
 
@@ -41,7 +41,7 @@ def setup():
 
 def _weights(model, tokens, mask=None):
     with torch.no_grad():
-        logits, ws = model(tokens, attn_mask=mask, return_attention=True)
+        logits, ws = model(tokens, attn_mask=mask, need_weights=True)
     return logits, [w[0] for w in ws]
 
 
@@ -162,7 +162,7 @@ def test_capture_attention_on_a_model_without_attention_modules_method():
 
 def test_update_time_at_T32():
     torch.manual_seed(0)
-    model = TinyTransformer(10, 100, d_model=32, num_heads=4, num_layers=1, max_len=32, causal=True).eval()
+    model = TinyTransformer(10, 100, d_model=32, num_heads=4, n_layer=1, max_len=32, causal=True).eval()
     tokens = torch.randint(0, 10, (1, 32))
     ex = AttentionExplorer([str(t) for t in tokens[0].tolist()],
                            ModelSource(model, lambda m, mask: m(tokens, attn_mask=mask),

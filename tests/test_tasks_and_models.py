@@ -51,13 +51,13 @@ def test_tiny_transformer_shapes_masks_and_pooling():
     torch.manual_seed(0)
     for positions in ("none", "sinusoidal", "learned", "relative", "rotary"):
         heads = 1 if positions in ("relative", "rotary") else 2
-        m = TinyTransformer(10, 3, d_model=8, num_heads=heads, num_layers=2, positions=positions, max_len=12)
+        m = TinyTransformer(10, 3, d_model=8, num_heads=heads, n_layer=2, positions=positions, max_len=12)
         x = torch.randint(0, 10, (2, 7))
-        logits, weights = m(x, return_attention=True)
+        logits, weights = m(x, need_weights=True)
         assert logits.shape == (2, 7, 3) and len(weights) == 2 and weights[0].shape == (2, heads, 7, 7)
     m = TinyTransformer(10, 3, d_model=8, num_heads=2, pool="max", causal=True).eval()
     x = torch.randint(0, 10, (2, 6))
-    _, w = m(x, return_attention=True)
+    _, w = m(x, need_weights=True)
     assert bool((w[0][..., ~torch.ones(6, 6, dtype=torch.bool).tril()] == 0).all())
     # padding: the padded tokens change nothing
     lengths = torch.tensor([6, 4])
@@ -68,7 +68,7 @@ def test_tiny_transformer_shapes_masks_and_pooling():
     assert m(x, lengths).shape == (2, 3)
     # an extra attention mask applies on top of the causal one
     window = (torch.arange(6)[:, None] - torch.arange(6)[None, :]) < 2
-    _, w = m(x, attn_mask=window, return_attention=True)
+    _, w = m(x, attn_mask=window, need_weights=True)
     assert bool((w[0][..., ~(window & torch.ones(6, 6, dtype=torch.bool).tril())] == 0).all())
     with pytest.raises(ValueError, match="single head"):
         TinyTransformer(10, 3, d_model=8, num_heads=2, positions="relative")
