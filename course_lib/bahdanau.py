@@ -100,7 +100,7 @@ class AttentionSeq2Seq(nn.Module):
     the output layer sees ``[s_t; c_t; embedding(y_{t-1})]``.
 
     - ``forward(src (B, T_in), src_mask, tgt_in (B, T_out)) -> (logits (B, T_out, V), weights (B, T_out, T_in))``
-    - ``greedy(src, src_mask, max_len, sos_id) -> (tokens (B, max_len), weights (B, max_len, T_in))``
+    - ``greedy(src, src_mask, max_len, bos_id) -> (tokens (B, max_len), weights (B, max_len, T_in))``
 
     ``attention`` may be any module with BahdanauAttention's interface (e.g. the
     student's own); by default a :class:`BahdanauAttention`.
@@ -147,10 +147,10 @@ class AttentionSeq2Seq(nn.Module):
         return torch.stack(logits, dim=1), torch.stack(weights, dim=1)
 
     @torch.no_grad()
-    def greedy(self, src: Tensor, src_mask: Tensor, max_len: int, sos_id: int) -> tuple[Tensor, Tensor]:
+    def greedy(self, src: Tensor, src_mask: Tensor, max_len: int, bos_id: int) -> tuple[Tensor, Tensor]:
         """Decode ``max_len`` tokens greedily; also return the attention weights."""
         h, s = self.encode(src, src_mask)
-        y = torch.full((src.size(0),), sos_id, dtype=torch.long, device=src.device)
+        y = torch.full((src.size(0),), bos_id, dtype=torch.long, device=src.device)
         tokens, weights = [], []
         for _ in range(max_len):
             out, s, w = self._step(y, s, h, src_mask)

@@ -7,7 +7,7 @@ model with the same two methods):
 - ``model.decode(tgt (B, T), memory, src_mask) -> logits (B, T, V)``, causal inside.
 
 **Teacher forcing**: during training the decoder reads the *true* previous tokens
-(``<sos>`` + target) and predicts the next ones (target + ``<eos>``) at all positions
+(``<bos>`` + target) and predicts the next ones (target + ``<eos>``) at all positions
 at once. At inference there is no true prefix: the decoder feeds on its own outputs,
 one token at a time (greedy decoding or beam search).
 """

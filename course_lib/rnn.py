@@ -152,7 +152,7 @@ class FixedContextSeq2Seq(nn.Module):
     input reaches the decoder.
 
     - ``forward(src (B, T_in), src_mask (B, T_in), tgt_in (B, T_out)) -> logits (B, T_out, V_tgt)``
-    - ``greedy(src, src_mask, max_len, sos_id) -> tokens (B, max_len)``
+    - ``greedy(src, src_mask, max_len, bos_id) -> tokens (B, max_len)``
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, emb_dim: int = 32, hidden_size: int = 128,
@@ -189,11 +189,11 @@ class FixedContextSeq2Seq(nn.Module):
         return logits
 
     @torch.no_grad()
-    def greedy(self, src: Tensor, src_mask: Tensor, max_len: int, sos_id: int) -> Tensor:
+    def greedy(self, src: Tensor, src_mask: Tensor, max_len: int, bos_id: int) -> Tensor:
         """Decode ``max_len`` tokens, each step feeding back the most likely one."""
         c = self.encode(src, src_mask)
         state = c.unsqueeze(0).contiguous()
-        y = torch.full((src.size(0), 1), sos_id, dtype=torch.long, device=src.device)
+        y = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)
         tokens = []
         for _ in range(max_len):
             logits, state = self._decode(y, c, state)

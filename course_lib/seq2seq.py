@@ -1,7 +1,7 @@
 """Loss and evaluation helpers for the RNN encoder-decoders of notebooks 01-02.
 
 A model here has ``forward(src, src_mask, tgt_in)`` returning logits (or
-``(logits, weights)``) and ``greedy(src, src_mask, max_len, sos_id)`` returning
+``(logits, weights)``) and ``greedy(src, src_mask, max_len, bos_id)`` returning
 tokens (or ``(tokens, weights)``); batches are :class:`course_lib.data.vocab.Seq2SeqBatch`.
 """
 
@@ -30,9 +30,9 @@ def sequence_loss(model: nn.Module, batch: Seq2SeqBatch) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_tokens(model: nn.Module, batch: Seq2SeqBatch, sos_id: int) -> Tensor:
+def greedy_tokens(model: nn.Module, batch: Seq2SeqBatch, bos_id: int) -> Tensor:
     """Greedy predictions ``(B, T_out)`` for as many steps as the longest target."""
-    return _first(model.greedy(batch.src, batch.src_mask, batch.tgt_out.size(1), sos_id))
+    return _first(model.greedy(batch.src, batch.src_mask, batch.tgt_out.size(1), bos_id))
 
 
 @dataclass
@@ -66,7 +66,7 @@ def score_predictions(pred: Tensor, batch: Seq2SeqBatch) -> Seq2SeqScores:
     )
 
 
-def evaluate(model: nn.Module, batch: Seq2SeqBatch, sos_id: int, num_threads: int | None = 1) -> Seq2SeqScores:
+def evaluate(model: nn.Module, batch: Seq2SeqBatch, bos_id: int, num_threads: int | None = 1) -> Seq2SeqScores:
     """Greedy-decode ``batch`` with ``model`` (in eval mode) and score it.
 
     Decoding runs on ``num_threads`` CPU threads (default one: the decoders here are
@@ -76,7 +76,7 @@ def evaluate(model: nn.Module, batch: Seq2SeqBatch, sos_id: int, num_threads: in
     model.eval()
     try:
         with torch_threads(num_threads):
-            return score_predictions(greedy_tokens(model, batch, sos_id), batch)
+            return score_predictions(greedy_tokens(model, batch, bos_id), batch)
     finally:
         model.train(was_training)
 

@@ -91,7 +91,7 @@ def test_batch_encoding_padding_and_teacher_forcing(task):
     assert task.src_vocab.decode(b.src[0].tolist()) == "21/11/26"
     assert b.tgt_out.shape == (2, 10) and b.tgt_mask.all()
     assert task.tgt_vocab.decode(b.tgt_out[1].tolist()) == "2026-11-21"
-    assert b.tgt_in[0, 0] == task.tgt_vocab.sos_id and torch.equal(b.tgt_in[:, 1:], b.tgt_out[:, :-1])
+    assert b.tgt_in[0, 0] == task.tgt_vocab.bos_id and torch.equal(b.tgt_in[:, 1:], b.tgt_out[:, :-1])
 
 
 def test_bad_arguments_raise_clear_errors():

@@ -141,7 +141,7 @@ def test_seq2seq_models_shapes_and_padding_invariance():
         pad = torch.zeros(6, 3, dtype=torch.long)
         out2 = model(torch.cat([batch.src, pad], 1), torch.cat([batch.src_mask, pad.bool()], 1), batch.tgt_in)
         torch.testing.assert_close(out2[0] if isinstance(out2, tuple) else out2, logits, atol=1e-5, rtol=1e-5)
-        greedy = model.greedy(batch.src, batch.src_mask, 4, task.tgt_vocab.sos_id)
+        greedy = model.greedy(batch.src, batch.src_mask, 4, task.tgt_vocab.bos_id)
         tokens = greedy[0] if isinstance(greedy, tuple) else greedy
         assert tokens.shape == (6, 4) and tokens.dtype == torch.long
     _, w = bahdanau.AttentionSeq2Seq(V, V, 8, 8, 16, 8)(batch.src, batch.src_mask, batch.tgt_in)

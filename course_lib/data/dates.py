@@ -217,7 +217,7 @@ class DatesTask:
     and cuts the list by ``fractions`` into ``train``, ``val`` and ``test`` dates.
     Examples pair a date of a split with a format drawn uniformly from ``formats``.
 
-    - ``src_vocab``: characters of the human formats (plus ``<pad>``, ``<sos>``, ...);
+    - ``src_vocab``: characters of the human formats (plus ``<pad>``, ``<bos>``, ...);
     - ``tgt_vocab``: the ten digits and ``-``; every target has 10 tokens;
     - :meth:`examples` / :meth:`batch`: fixed example lists and padded batches;
     - :meth:`sample_batch`: a fresh random training batch.

@@ -28,7 +28,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from .vocab import EOS, PAD, SOS, UNK, Vocab, pad_sequences
+from .vocab import BOS, EOS, PAD, UNK, Vocab, pad_sequences
 
 __all__ = ["NOUNS", "ADJECTIVES", "VERBS", "sample_sentence", "translate", "verb_position", "TranslationBatch",
            "ToyTranslation", "make_translation_data"]
@@ -119,7 +119,7 @@ class TranslationBatch:
 
     - ``src (B, S)`` source ids, ``src_mask (B, 1, S)`` True on real tokens (a key
       padding mask that broadcasts over the queries);
-    - ``tgt_in (B, T)``: ``<sos>`` followed by the target (the decoder's input);
+    - ``tgt_in (B, T)``: ``<bos>`` followed by the target (the decoder's input);
     - ``tgt_out (B, T)``: the target followed by ``<eos>`` (what to predict at each
       position), ``<pad>`` after the end.
     """
@@ -153,7 +153,7 @@ class ToyTranslation:
 
     @property
     def bos_id(self) -> int:
-        return self.vocab.sos_id
+        return self.vocab.bos_id
 
     @property
     def eos_id(self) -> int:
@@ -187,13 +187,13 @@ class ToyTranslation:
                 yield self.make_batch([pairs[j] for j in order[i:i + batch_size]], device)
 
     def to_words(self, ids: Sequence[int] | Tensor) -> list[str]:
-        """Tokens of an id sequence up to ``<eos>``, without ``<sos>``/``<pad>``."""
+        """Tokens of an id sequence up to ``<eos>``, without ``<bos>``/``<pad>``."""
         out = []
         for i in (ids.tolist() if isinstance(ids, Tensor) else ids):
             token = self.vocab.tokens[int(i)]
             if token == EOS:
                 break
-            if token not in (PAD, SOS, UNK):
+            if token not in (PAD, BOS, UNK):
                 out.append(token)
         return out
 
@@ -216,5 +216,5 @@ def make_translation_data(n_train: int = 8000, n_valid: int = 500, n_test: int =
         seen.setdefault(tuple(src), tgt)
     pairs = [(list(s), t) for s, t in seen.items()]
     rng.shuffle(pairs)
-    vocab = Vocab.build(_all_words(), specials=(PAD, SOS, EOS, UNK))
+    vocab = Vocab.build(_all_words(), specials=(PAD, BOS, EOS, UNK))
     return ToyTranslation(vocab, pairs[:n_train], pairs[n_train:n_train + n_valid], pairs[n_train + n_valid:])

@@ -8,9 +8,9 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["PAD", "SOS", "EOS", "UNK", "Vocab", "pad_sequences", "Seq2SeqBatch", "make_seq2seq_batch"]
+__all__ = ["PAD", "BOS", "EOS", "UNK", "Vocab", "pad_sequences", "Seq2SeqBatch", "make_seq2seq_batch"]
 
-PAD, SOS, EOS, UNK = "<pad>", "<sos>", "<eos>", "<unk>"
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Vocab:
         object.__setattr__(self, "index", {t: i for i, t in enumerate(self.tokens)})
 
     @classmethod
-    def build(cls, symbols: Iterable[str], specials: Sequence[str] = (PAD, SOS, EOS, UNK)) -> "Vocab":
+    def build(cls, symbols: Iterable[str], specials: Sequence[str] = (PAD, BOS, EOS, UNK)) -> "Vocab":
         """Special tokens first, then ``symbols`` in first-seen order."""
         tokens = list(specials)
         for s in symbols:
@@ -58,8 +58,8 @@ class Vocab:
         return self.index[PAD]
 
     @property
-    def sos_id(self) -> int:
-        return self.index[SOS]
+    def bos_id(self) -> int:
+        return self.index[BOS]
 
     def encode(self, tokens: Iterable[str]) -> list[int]:
         """Ids of a sequence of tokens (a string is a sequence of characters)."""
@@ -73,7 +73,7 @@ class Vocab:
             token = self.tokens[int(i)]
             if token == EOS and strip_special:
                 break
-            if strip_special and token in (PAD, SOS, EOS, UNK):
+            if strip_special and token in (PAD, BOS, EOS, UNK):
                 continue
             out.append(token)
         return sep.join(out)
@@ -106,7 +106,7 @@ class Seq2SeqBatch:
     """A padded batch for a sequence-to-sequence model (teacher forcing).
 
     - ``src (B, T_in)`` input ids, ``src_mask (B, T_in)`` True on real tokens;
-    - ``tgt_in (B, T_out)`` decoder inputs: ``<sos>`` then the target shifted right;
+    - ``tgt_in (B, T_out)`` decoder inputs: ``<bos>`` then the target shifted right;
     - ``tgt_out (B, T_out)`` the target ids, ``tgt_mask (B, T_out)`` True on real tokens;
     - ``src_text`` / ``tgt_text``: the examples as strings (for printing).
     """
@@ -138,7 +138,7 @@ def make_seq2seq_batch(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], src
     tgt_ids = [tgt_vocab.encode(t) for _, t in pairs]
     src, src_mask = pad_sequences(src_ids, src_vocab.pad_id)
     tgt_out, tgt_mask = pad_sequences(tgt_ids, tgt_vocab.pad_id)
-    tgt_in, _ = pad_sequences([[tgt_vocab.sos_id] + t[:-1] for t in tgt_ids], tgt_vocab.pad_id)
+    tgt_in, _ = pad_sequences([[tgt_vocab.bos_id] + t[:-1] for t in tgt_ids], tgt_vocab.pad_id)
     batch = Seq2SeqBatch(src, src_mask, tgt_in, tgt_out, tgt_mask,
                          ["".join(s) for s, _ in pairs], ["".join(t) for _, t in pairs])
     return batch.to(device) if device is not None else batch
