@@ -184,7 +184,7 @@ def test_wrong_parameter_name_is_explained():
 
 
 def test_decoder_mistake_messages_are_specific():
-    from course_lib.grading.items.transformer import DecoderCrossKVFromDecoder
+    from course_lib.grading.items.transformer_layers import DecoderCrossKVFromDecoder
 
     result = grade(get_spec("DecoderLayer"), DecoderCrossKVFromDecoder, hidden=True)
     text = messages(result)

@@ -17,7 +17,8 @@ from .spec import Case, CheckFailed
 __all__ = [
     "seed", "generator", "randn", "dtype_name", "mask_words",
     "weights_sum_to_one", "masked_weights_zero", "masked_keys_ignored", "gradients_reach",
-    "compare_cases", "reference_state", "module_inputs", "layout", "module_gradients",
+    "compare_cases", "reference_state", "module_inputs", "module_case", "layout", "parameter_shapes",
+    "module_gradients", "padding", "padding_no_leak", "no_future_leak", "ignored_get_no_gradient", "variant",
 ]
 
 
@@ -159,12 +160,18 @@ def gradients_reach(trial: Any, case: Case, names: Sequence[str], index: int | N
 # Module items: the grader's hyper-parameters and weights, the student's class
 # ---------------------------------------------------------------------------
 
-def reference_state(cls: type, args: tuple, seed_value: int) -> dict[str, Tensor]:
-    """The weights of ``cls(*args)`` initialised from :func:`seed` ``(seed_value)`` (grader
-    side; the global random state is left as it was)."""
+def reference_state(cls: type, args: tuple, seed_value: int,
+                    adjust: Callable[[torch.nn.Module], None] | None = None) -> dict[str, Tensor]:
+    """The weights of ``cls(*args)`` initialised from :func:`seed` ``(seed_value)``, then
+    changed in place by ``adjust(module)`` (under ``no_grad``, same random stream), e.g.
+    to move LayerNorms away from (1, 0) so that a forgotten one shows. Grader side; the
+    global random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed(seed_value))
         module = cls(*args)
+        if adjust is not None:
+            with torch.no_grad():
+                adjust(module)
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
@@ -174,6 +181,20 @@ def module_inputs(args: tuple, state: dict[str, Tensor] | None, device: torch.de
     reference's weights, computed by the grader), move to ``device``/``dtype``; the
     other keyword arguments are the forward's inputs."""
     return {"args": tuple(args), "state": state, "device": str(device), "dtype": dtype, **inputs}
+
+
+def module_case(label: str, cls: type, args: tuple, seed_value: int, dtype: torch.dtype,
+                inputs: Callable[[torch.device], dict],
+                adjust: Callable[[torch.nn.Module], None] | None = None) -> Case:
+    """A module item's case: the implementation built as ``impl(*args)`` with the weights of
+    :func:`reference_state` ``(cls, args, seed_value, adjust)``, in ``dtype``, called on
+    ``inputs(device)`` (the forward's inputs by name)."""
+
+    def make(device: torch.device) -> dict:
+        state = reference_state(cls, args, seed_value, adjust)
+        return module_inputs(args, state, device, dtype, **inputs(device))
+
+    return Case(label, make)
 
 
 def layout(trial: Any, args: tuple, attrs: Sequence[str] = (), kwargs: dict | None = None,
@@ -186,6 +207,25 @@ def layout(trial: Any, args: tuple, attrs: Sequence[str] = (), kwargs: dict | No
     if not isinstance(out, dict) or not out.get("module"):
         raise CheckFailed(f"{label} should construct an nn.Module, got {out.get('type') if isinstance(out, dict) else out}.")
     return out
+
+
+def _shapes(state: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in state.items())
+
+
+def parameter_shapes(trial: Any, args: tuple, expected: dict[str, tuple], what: str,
+                     advice: Callable[[dict], str] = lambda got: "", **options: Any) -> None:
+    """The parameter-layout sub-check: the student's ``impl(*args)`` has exactly the
+    parameters ``expected`` (name → shape), as the grader loads its weights by name.
+    ``what`` names the module in the message ("SelfAttention(d_model=6, d_k=4, d_v=5)");
+    ``advice(got)`` adds hints for a wrong layout; ``options`` go to :func:`layout`
+    (with ``values``, the shapes are those of the parameters, buffers left out)."""
+    built = layout(trial, args, **options)
+    got = ({k: tuple(v.shape) for k, v in built.get("values", {}).items()} if options.get("values")
+           else built["state"])
+    if got != expected:
+        raise CheckFailed(f"{what} should have exactly the parameters {_shapes(expected)}; yours: "
+                          f"{_shapes(got) or 'none'}.{advice(got)}")
 
 
 def module_gradients(trial: Any, case: Case, names: Sequence[str] = ("x",), state: bool = False,
@@ -206,3 +246,85 @@ def module_gradients(trial: Any, case: Case, names: Sequence[str] = ("x",), stat
     for name, g in grads.items():
         if not isinstance(g, Tensor) or float(g.abs().sum()) == 0.0 or not bool(torch.isfinite(g).all()):
             raise CheckFailed(f"On {case.label}: `{name}` gets no (finite) gradient from the output.")
+
+
+def padding(lengths: Sequence[int], T: int, device: torch.device) -> Tensor:
+    """A padding mask ``(B, 1, T)``: True at the first ``lengths[b]`` positions of row b."""
+    return (torch.arange(T, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None])[:, None, :]
+
+
+def padding_no_leak(case: Case, lengths: Sequence[int], key: str = "x") -> Callable[[Any], None]:
+    """Sub-check body: other vectors at the padded positions of input ``key`` (B, T, d)
+    leave the outputs (B, T, d) at real positions unchanged (all outputs unless ``key`` is
+    ``"x"``, the sequence the outputs are aligned with)."""
+
+    def run(trial: Any) -> None:
+        before = trial.student(case.make(trial.device), case.label)
+        changed = case.make(trial.device)
+        T = changed[key].size(1)
+        pad = ~padding(lengths, T, trial.device)[:, 0, :, None]
+        noise = 5.0 * randn(changed[key].shape, 998, changed[key].dtype, trial.device)
+        changed[key] = torch.where(pad, noise, changed[key])
+        after = trial.student(changed, case.label)
+        if key == "x":
+            keep = padding(lengths, before.size(1), trial.device)[:, 0, :]
+            before, after = before[keep], after[keep]
+        if describe_difference(before.detach(), after.detach()) is not None:
+            raise CheckFailed(f"On {case.label}: changing the padded positions of `{key}` changed the outputs at "
+                              "real positions, so padding leaks in: pass the mask to the attention.")
+
+    return run
+
+
+def no_future_leak(case: Case, hint: str, key: str = "x") -> Callable[[Any], None]:
+    """Sub-check body: new random vectors at the last two positions of input ``key``
+    (B, T, d) leave the outputs (B, T, d) at earlier positions unchanged."""
+
+    def run(trial: Any) -> None:
+        before = trial.student(case.make(trial.device), case.label)
+        changed = case.make(trial.device)
+        x = changed[key].clone()
+        x[:, -2:] = 3.0 * randn(x[:, -2:].shape, 999, x.dtype, x.device)  # new tokens, not a constant shift
+        changed[key] = x
+        after = trial.student(changed, case.label)
+        if describe_difference(before[:, :-2].detach(), after[:, :-2].detach()) is not None:
+            raise CheckFailed(f"On {case.label}: changing the last two target positions changed the outputs at "
+                              f"earlier positions: {hint}")
+
+    return run
+
+
+def variant(layout: type, name: str, **options: Any) -> type:
+    """A catalogued wrong module: a subclass of ``layout`` (the contract's constructor and
+    parameters, and ``run(*inputs, **options)``, the computation with its ways of going
+    wrong) whose ``forward(*inputs)`` is ``run(*inputs, **options)``."""
+
+    def forward(self: Any, *inputs: Any) -> Any:
+        return self.run(*inputs, **options)
+
+    return type(name, (layout,), {"forward": forward, "__module__": layout.__module__, "__qualname__": name})
+
+
+def ignored_get_no_gradient(case: Case, ignored: Callable[[dict], Tensor],
+                            what: str = "ignored positions") -> Callable[[Any], None]:
+    """Sub-check body for a loss of ``logits`` (..., K): it is a scalar connected to the
+    logits, whose gradient is finite and exactly 0 at the positions ``ignored(inputs)``
+    (a boolean tensor over the logits' leading axes), named ``what`` in the message."""
+
+    def run(trial: Any) -> None:
+        inputs = case.make(trial.device)
+        asked = {**inputs, "_grads": {"names": ["logits"], "index": None, "reduce": "sum"}}
+        out = trial.student(asked, case.label, probe="gradients")
+        out = out if isinstance(out, dict) else {}
+        loss = out.get("output")
+        if not out.get("connected") or not isinstance(loss, Tensor) or loss.dim() != 0:
+            raise CheckFailed(f"On {case.label}: return a scalar tensor connected to the logits "
+                              "(no .item(), no .detach()).")
+        g = (out.get("grads") or {}).get("logits")
+        if (not isinstance(g, Tensor) or tuple(g.shape) != tuple(inputs["logits"].shape)
+                or not bool(torch.isfinite(g).all())):
+            raise CheckFailed(f"On {case.label}: the logits get no finite gradient.")
+        if bool((g.cpu()[ignored(inputs).cpu()] != 0).any()):
+            raise CheckFailed(f"On {case.label}: {what} get a gradient; they must not affect the loss.")
+
+    return run
