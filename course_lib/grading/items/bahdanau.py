@@ -7,13 +7,9 @@ import torch
 from torch import nn
 
 from ... import bahdanau as ref
-from ..properties import (
-    compare_cases, dtype_name, gradients_reach, layout, masked_keys_ignored, masked_weights_zero, module_inputs,
-    randn,
-    weights_sum_to_one,
-)
-from ..properties import seed as input_seed
 from ..calls import Invoke
+from ..properties import (compare_cases, dtype_name, gradients_reach, masked_keys_ignored, masked_weights_zero,
+                          module_case, parameter_shapes, randn, variant, weights_sum_to_one)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -382,30 +378,18 @@ def _context_spec() -> ItemSpec:
 # BahdanauAttention
 # ---------------------------------------------------------------------------
 
-def _attn_state(dims: tuple[int, int, int]) -> dict[str, torch.Tensor]:
-    """The weights every implementation runs with (grader side): the reference's
-    initialisation from the (salted) seed 4321 + sum(dims), with a non-zero W_s bias so
-    that a dropped bias shows. The global random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(input_seed(4321 + sum(dims)))
-        module = ref.BahdanauAttention(*dims)
-        with torch.no_grad():
-            module.W_s.bias.normal_()  # a non-zero bias, so that a dropped bias shows
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
-
-
 def _attn_case(seed: int, B: int, T: int, enc: int, dec: int, A: int, dtype: torch.dtype, masked: bool) -> Case:
+    def inputs(device: torch.device) -> dict:
+        return {**_hs(seed, B, T, enc, dec, dtype, device), "mask": _lengths_mask(B, T, device) if masked else None}
+
+    def adjust(module: nn.Module) -> None:
+        module.W_s.bias.normal_()  # a non-zero bias, so that a dropped bias shows
+
     dims = (enc, dec, A)
-
-    def make(device: torch.device) -> dict:
-        return module_inputs(dims, _attn_state(dims), device, dtype, **_hs(seed, B, T, enc, dec, dtype, device),
-                             mask=_lengths_mask(B, T, device) if masked else None)
-
-    # the label is built without make(): make uses the reference, which is unavailable where the
-    # student's side imports this module
     mask = _lengths_mask(B, T, torch.device("cpu")) if masked else None
-    return Case(f"BahdanauAttention(enc_dim={enc}, dec_dim={dec}, attn_dim={A}) on h ({B}, {T}, {enc}), "
-                f"s ({B}, {dec}) {dtype_name(dtype)}, {_mask_words(mask)}", make)
+    return module_case(f"BahdanauAttention(enc_dim={enc}, dec_dim={dec}, attn_dim={A}) on h ({B}, {T}, {enc}), "
+                       f"s ({B}, {dec}) {dtype_name(dtype)}, {_mask_words(mask)}", ref.BahdanauAttention, dims,
+                       4321 + sum(dims), dtype, inputs, adjust)
 
 
 class _AttentionLayout(nn.Module):
@@ -417,101 +401,55 @@ class _AttentionLayout(nn.Module):
         self.W_s = nn.Linear(dec_dim, attn_dim, bias=True)
         self.v = nn.Linear(attn_dim, 1, bias=False)
 
-    def scores(self, h, s):
-        return self.v(torch.tanh(self.W_h(h) + self.W_s(s).unsqueeze(1))).squeeze(-1)
-
-    @staticmethod
-    def finish(scores, h, mask, dim=-1):
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        w = torch.softmax(scores, dim=dim)
-        return (w.unsqueeze(-1) * h).sum(dim=1), w
-
-
-class AttentionSoftmaxBatch(_AttentionLayout):
-    def forward(self, h, s, mask=None):
-        return self.finish(self.scores(h, s), h, mask, dim=0)
-
-
-class AttentionSoftmaxFeature(_AttentionLayout):
-    def forward(self, h, s, mask=None):
-        e = self.v(torch.tanh(self.W_h(h) + self.W_s(s).unsqueeze(1)))  # (B, T, 1)
-        if mask is not None:
-            e = e.masked_fill(~mask.unsqueeze(-1), float("-inf"))
-        w = torch.softmax(e, dim=-1)
-        return (w * h).sum(dim=1), w.squeeze(-1)
-
-
-class AttentionMaskIgnored(_AttentionLayout):
-    def forward(self, h, s, mask=None):
-        return self.finish(self.scores(h, s), h, None)
-
-
-class AttentionMaskInverted(_AttentionLayout):
-    def forward(self, h, s, mask=None):
-        return self.finish(self.scores(h, s), h, None if mask is None else ~mask)
-
-
-class AttentionNoTanh(_AttentionLayout):
-    def forward(self, h, s, mask=None):
-        return self.finish(self.v(self.W_h(h) + self.W_s(s).unsqueeze(1)).squeeze(-1), h, mask)
-
-
-class AttentionStateIgnored(_AttentionLayout):
-    def forward(self, h, s, mask=None):
-        return self.finish(self.v(torch.tanh(self.W_h(h))).squeeze(-1), h, mask)
-
-
-class AttentionContextSummedOverFeatures(_AttentionLayout):
-    def forward(self, h, s, mask=None):
-        scores = self.scores(h, s)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        w = torch.softmax(scores, dim=-1)
-        return (w.unsqueeze(-1) * h).sum(dim=-1), w
-
-
-class AttentionOutputsSwapped(_AttentionLayout):
-    def forward(self, h, s, mask=None):
-        c, w = self.finish(self.scores(h, s), h, mask)
-        return w, c
+    def run(self, h, s, mask, dim=-1, use_mask=True, invert=False, tanh=True, use_state=True, context_dim=1,
+            swapped=False, squeeze_first=True):
+        e = self.W_h(h) + self.W_s(s).unsqueeze(1) if use_state else self.W_h(h)
+        e = self.v(torch.tanh(e) if tanh else e)  # (B, T, 1)
+        m = None if mask is None or not use_mask else (~mask if invert else mask)
+        if not squeeze_first:  # the softmax over the size-1 feature axis
+            if m is not None:
+                e = e.masked_fill(~m.unsqueeze(-1), float("-inf"))
+            w = torch.softmax(e, dim=-1)
+            return (w * h).sum(dim=1), w.squeeze(-1)
+        e = e.squeeze(-1)
+        if m is not None:
+            e = e.masked_fill(~m, float("-inf"))
+        w = torch.softmax(e, dim=dim)
+        c = (w.unsqueeze(-1) * h).sum(dim=context_dim)
+        return (w, c) if swapped else (c, w)
 
 
 ATTENTION_MISTAKES = (
-    Mistake("softmax over the batch axis", AttentionSoftmaxBatch,
+    Mistake("softmax over the batch axis", variant(_AttentionLayout, "AttentionSoftmaxBatch", dim=0),
             "Your softmax runs over the batch axis (dim=0): normalise each sequence's scores over its positions "
             "(the last axis of the (B, T) scores)."),
-    Mistake("softmax over the feature axis", AttentionSoftmaxFeature,
+    Mistake("softmax over the feature axis", variant(_AttentionLayout, "AttentionSoftmaxFeature", squeeze_first=False),
             "Your softmax runs over the size-1 feature axis that self.v leaves, so every weight is 1: "
             "squeeze that axis first (scores of shape (B, T)), then take the softmax over the positions."),
-    Mistake("mask ignored", AttentionMaskIgnored,
+    Mistake("mask ignored", variant(_AttentionLayout, "AttentionMaskIgnored", use_mask=False),
             "forward ignores its mask: padded positions must get weight exactly 0 (fill their scores with -inf)."),
-    Mistake("mask inverted", AttentionMaskInverted,
+    Mistake("mask inverted", variant(_AttentionLayout, "AttentionMaskInverted", invert=True),
             "Your mask is inverted: True means a real position; fill the scores where the mask is False (~mask)."),
-    Mistake("missing tanh", AttentionNoTanh, "The tanh is missing: the score is v(tanh(W_h(h) + W_s(s)))."),
-    Mistake("decoder state ignored", AttentionStateIgnored,
+    Mistake("missing tanh", variant(_AttentionLayout, "AttentionNoTanh", tanh=False), "The tanh is missing: the score is v(tanh(W_h(h) + W_s(s)))."),
+    Mistake("decoder state ignored", variant(_AttentionLayout, "AttentionStateIgnored", use_state=False),
             "The decoder state s has no effect: add W_s(s) (broadcast over the positions) inside the tanh."),
-    Mistake("context summed over the feature axis", AttentionContextSummedOverFeatures,
+    Mistake("context summed over the feature axis", variant(_AttentionLayout, "AttentionContextSummedOverFeatures", context_dim=-1),
             "The context is summed over the wrong axis: sum the weighted states over the positions (dim=1) to get "
             "(B, enc_dim)."),
-    Mistake("outputs swapped", AttentionOutputsSwapped, "You returned (weights, context): return (context, weights)."),
+    Mistake("outputs swapped", variant(_AttentionLayout, "AttentionOutputsSwapped", swapped=True), "You returned (weights, context): return (context, weights)."),
 )
 
 
-def _attn_parameters(trial) -> None:
-    got = layout(trial, (6, 4, 5))["state"]
+def _attn_advice(got: dict) -> str:
     expected = {"W_h.weight": (5, 6), "W_s.weight": (5, 4), "W_s.bias": (5,), "v.weight": (1, 5)}
-    if got != expected:
-        msg = (f"BahdanauAttention(enc_dim=6, dec_dim=4, attn_dim=5) should have exactly the parameters "
-               f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
-               f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
-        if "W_h.bias" in got or "v.bias" in got:
-            msg += " W_h and v have no bias: nn.Linear(..., bias=False)."
-        if "W_s.weight" in got and "W_s.bias" not in got:
-            msg += " W_s has a bias: nn.Linear(dec_dim, attn_dim)."
-        if any(got.get(k) == tuple(reversed(v)) for k, v in expected.items() if len(v) == 2):
-            msg += " nn.Linear(in, out) stores its weight as (out, in)."
-        raise CheckFailed(msg)
+    advice = ""
+    if "W_h.bias" in got or "v.bias" in got:
+        advice += " W_h and v have no bias: nn.Linear(..., bias=False)."
+    if "W_s.weight" in got and "W_s.bias" not in got:
+        advice += " W_s has a bias: nn.Linear(dec_dim, attn_dim)."
+    if any(got.get(k) == tuple(reversed(v)) for k, v in expected.items() if len(v) == 2):
+        advice += " nn.Linear(in, out) stores its weight as (out, in)."
+    return advice
 
 
 def _attn_spec() -> ItemSpec:
@@ -529,17 +467,15 @@ def _attn_spec() -> ItemSpec:
         masked_keys_ignored(t, props, perturb=("h",), key_mask=lambda inputs: ~inputs["mask"], index=0)
 
     def gradients(trial) -> None:
-        """The module keeps its own initialisation; h and s require a gradient."""
+        """The module keeps its own initialisation; h and s require a gradient (a non-finite
+        gradient counts as one: masked rows are judged by the other sub-checks)."""
         case = hidden[0]
-        inputs = case.make(trial.device)
-        inputs["state"] = None
-        inputs["_grads"] = {"names": ["h", "s"]}
+        inputs = {**case.make(trial.device), "state": None, "_grads": {"names": ["h", "s"]}}
         out = trial.student(inputs, case.label, probe="gradients")
         if not isinstance(out, dict) or not out.get("connected"):
             raise CheckFailed(f"On {case.label}: the context is not connected to the autograd graph "
                               "(did you use .detach(), .item() or torch.no_grad()?).")
-        grads = {**(out.get("grads") or {}), **(out.get("params") or {})}
-        for name, g in grads.items():
+        for name, g in {**(out.get("grads") or {}), **(out.get("params") or {})}.items():
             if not isinstance(g, torch.Tensor) or float(g.abs().sum()) == 0.0:
                 raise CheckFailed(f"On {case.label}: `{name}` gets no gradient from the context.")
 
@@ -550,7 +486,10 @@ def _attn_spec() -> ItemSpec:
         output_names=("context", "weights"),
         mistakes=ATTENTION_MISTAKES,
         subchecks=(
-            SubCheck("parameters W_h, W_s (with bias) and v with the right shapes", 1, _attn_parameters),
+            SubCheck("parameters W_h, W_s (with bias) and v with the right shapes", 1,
+                     lambda t: parameter_shapes(t, (6, 4, 5), {"W_h.weight": (5, 6), "W_s.weight": (5, 4),
+                                                               "W_s.bias": (5,), "v.weight": (1, 5)},
+                                                "BahdanauAttention(enc_dim=6, dec_dim=4, attn_dim=5)", _attn_advice)),
             SubCheck("matches the reference (same weights) on a random padded batch", 1, compare_cases(visible)),
             SubCheck("matches with other sizes, float64, and mask=None", 1, compare_cases(*hidden), hidden=True),
             SubCheck("weights sum to 1, padded positions get weight 0 and do not leak into the context", 1,

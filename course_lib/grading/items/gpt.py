@@ -11,6 +11,7 @@ a correct implementation meets whatever random stream it uses.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +22,8 @@ from ... import icl as ref_icl
 from ... import sampling as ref_sampling
 from ..calls import Invoke, realise, unwatched
 from ..compare import fmt_num
-from ..properties import (compare_cases, dtype_name, generator, layout, module_gradients, module_inputs, randn,
-                          reference_state)
+from ..properties import (compare_cases, dtype_name, generator, layout, module_case, module_gradients, randn,
+                          reference_state, variant)
 from ..properties import seed as salted_seed
 from ..fixtures.gpt import CentroidModel, ContextSumModel, GaussianSampler, TinyLM  # noqa: F401
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -41,31 +42,46 @@ def _type_name(value) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _block_state(dims: tuple[int, int, int]) -> dict[str, Tensor]:
-    """The weights the grader ships for GPTBlock(*dims) (grader side): the reference's
-    initialisation from the salted seed, with non-trivial LayerNorm and bias values, so
-    that every part shows."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(salted_seed(808 + sum(dims)))
-        block = ref_gpt.GPTBlock(*dims)
-        with torch.no_grad():
-            for name, p in block.named_parameters():
-                if name.endswith("bias") or name.startswith("ln"):
-                    p.add_(0.1 * torch.randn(p.shape))
-    return {k: v.detach().clone() for k, v in block.state_dict().items()}
+def _block_noise(block: nn.Module) -> None:
+    """``adjust`` for the grader's GPTBlock weights: non-trivial LayerNorm and bias values,
+    so that every part shows."""
+    for name, p in block.named_parameters():
+        if name.endswith("bias") or name.startswith("ln"):
+            p.add_(0.1 * torch.randn(p.shape))
 
 
 def _block_case(seed: int, B: int, T: int, d_model: int, heads: int, d_ff: int, dtype: torch.dtype) -> Case:
-    def make(device: torch.device) -> dict:
-        dims = (d_model, heads, d_ff)
-        x = randn((B, T, d_model), seed, dtype, device)
-        return module_inputs(dims, _block_state(dims), device, dtype, x=x)
-
-    return Case(f"GPTBlock(d_model={d_model}, num_heads={heads}, d_ff={d_ff}) on x ({B}, {T}, {d_model}) "
-                f"{dtype_name(dtype)}", make)
+    dims = (d_model, heads, d_ff)
+    return module_case(f"GPTBlock(d_model={d_model}, num_heads={heads}, d_ff={d_ff}) on x ({B}, {T}, {d_model}) "
+                       f"{dtype_name(dtype)}", ref_gpt.GPTBlock, dims, 808 + sum(dims), dtype,
+                       lambda device: {"x": randn((B, T, d_model), seed, dtype, device)}, adjust=_block_noise)
 
 
 _BLOCK_PARTS = ("ln1", "attn", "ln2", "mlp")
+
+
+class _PlainMHA(nn.Module):
+    """Multi-head attention with the parameter names of course_lib's (w_q, w_k, w_v, w_o);
+    ``safe``: a row with nothing visible gives zeros instead of NaN."""
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x, mask, safe=False):
+        B, T, D = x.shape
+        H = self.num_heads
+
+        def split(t):
+            return t.view(B, T, H, D // H).transpose(1, 2)
+
+        q, k, v = split(self.w_q(x)), split(self.w_k(x)), split(self.w_v(x))
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // H)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = torch.nan_to_num(torch.softmax(s, dim=-1)) if safe else torch.softmax(s, dim=-1)
+        return self.w_o((w @ v).transpose(1, 2).reshape(B, T, D))
 
 
 class _BlockLayout(nn.Module):
@@ -78,113 +94,45 @@ class _BlockLayout(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def mask(self, T: int, device) -> Tensor | None:
-        return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    def run(self, x, mask="causal", safe=False, post_ln=False, residual=True, mlp_norm="ln2", relu=False):
+        ones = torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device)
+        allowed = {"causal": ones.tril(), "none": None, "diagonal": ones.tril(-1), "inverted": ~ones.tril(-1)}[mask]
 
-    def forward(self, x):
-        h = self.ln1(x)
-        x = x + self.attn(h, self.mask(x.size(1), x.device))
-        return x + self.mlp(self.ln2(x))
+        def attn(h):
+            return self.attn(h, allowed, safe)
 
+        def mlp(h):
+            return self.mlp[2](torch.relu(self.mlp[0](h))) if relu else self.mlp(h)
 
-class _PlainMHA(nn.Module):
-    """Multi-head attention with the parameter names of course_lib's (w_q, w_k, w_v, w_o)."""
-
-    def __init__(self, d_model: int, num_heads: int) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
-
-    def forward(self, x, mask):
-        B, T, D = x.shape
-        H = self.num_heads
-
-        def split(t):
-            return t.view(B, T, H, D // H).transpose(1, 2)
-
-        q, k, v = split(self.w_q(x)), split(self.w_k(x)), split(self.w_v(x))
-        s = q @ k.transpose(-2, -1) / math.sqrt(D // H)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
-        w = torch.softmax(s, dim=-1)
-        return self.w_o((w @ v).transpose(1, 2).reshape(B, T, D))
-
-
-class BlockNoMask(_BlockLayout):
-    def mask(self, T, device):
-        return None
-
-
-class BlockDiagonalExcluded(_BlockLayout):
-    def mask(self, T, device):
-        return torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
-
-
-class BlockDiagonalExcludedSafe(_BlockLayout):
-    """As with the diagonal excluded, where the first row (nothing visible) gives zeros."""
-
-    def forward(self, x):
-        T = x.size(1)
-        allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
-        h = self.ln1(x)
-        B, _, D = x.shape
-        H = self.attn.num_heads
-        q, k, v = (lin(h).view(B, T, H, D // H).transpose(1, 2) for lin in (self.attn.w_q, self.attn.w_k, self.attn.w_v))
-        s = (q @ k.transpose(-2, -1) / math.sqrt(D // H)).masked_fill(~allowed, float("-inf"))
-        w = torch.nan_to_num(torch.softmax(s, dim=-1))
-        x = x + self.attn.w_o((w @ v).transpose(1, 2).reshape(B, T, D))
-        return x + self.mlp(self.ln2(x))
-
-
-class BlockMaskInverted(_BlockLayout):
-    def mask(self, T, device):
-        return ~torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
-
-
-class BlockPostLN(_BlockLayout):
-    def forward(self, x):
-        x = self.ln1(x + self.attn(x, self.mask(x.size(1), x.device)))
-        return self.ln2(x + self.mlp(x))
-
-
-class BlockNoResidual(_BlockLayout):
-    def forward(self, x):
-        x = self.attn(self.ln1(x), self.mask(x.size(1), x.device))
-        return self.mlp(self.ln2(x))
-
-
-class BlockSameNorm(_BlockLayout):
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x), self.mask(x.size(1), x.device))
-        return x + self.mlp(self.ln1(x))
-
-
-class BlockReLU(_BlockLayout):
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
-        super().__init__(d_model, num_heads, d_ff, dropout)
-        self.mlp[1] = nn.ReLU()
+        if post_ln:
+            x = self.ln1(x + attn(x))
+            return self.ln2(x + mlp(x))
+        if not residual:
+            return mlp(self.ln2(attn(self.ln1(x))))
+        x = x + attn(self.ln1(x))
+        return x + mlp(getattr(self, mlp_norm)(x))
 
 
 BLOCK_MISTAKES = (
-    Mistake("no causal mask", BlockNoMask,
+    Mistake("no causal mask", variant(_BlockLayout, "BlockNoMask", mask="none"),
             "Every position sees the future: pass a causal mask (True on and below the diagonal, "
             "torch.ones(T, T, dtype=torch.bool).tril()) to the attention."),
-    Mistake("diagonal excluded", BlockDiagonalExcluded,
+    Mistake("diagonal excluded", variant(_BlockLayout, "BlockDiagonalExcluded", mask="diagonal"),
             "Your causal mask excludes the diagonal, so a token cannot attend to itself (and the first token "
             "sees nothing at all): use tril() without an offset."),
-    Mistake("diagonal excluded (empty first row gives zeros)", BlockDiagonalExcludedSafe,
+    Mistake("diagonal excluded (empty first row gives zeros)", variant(_BlockLayout, "BlockDiagonalExcludedSafe", mask="diagonal", safe=True),
             "Your causal mask excludes the diagonal, so a token cannot attend to itself (and the first token "
             "sees nothing at all): use tril() without an offset."),
-    Mistake("mask inverted", BlockMaskInverted,
+    Mistake("mask inverted", variant(_BlockLayout, "BlockMaskInverted", mask="inverted"),
             "Your causal mask is inverted: True means 'may attend', i.e. on and below the diagonal."),
-    Mistake("post-LN", BlockPostLN,
+    Mistake("post-LN", variant(_BlockLayout, "BlockPostLN", post_ln=True),
             "This is the post-LN block of the original transformer (LayerNorm after the residual sum). GPT-2 is "
             "pre-LN: x = x + attn(ln1(x)), then x = x + mlp(ln2(x))."),
-    Mistake("no residual connections", BlockNoResidual,
+    Mistake("no residual connections", variant(_BlockLayout, "BlockNoResidual", residual=False),
             "The residual connections are missing: add each sub-layer's output to its input (x = x + ...)."),
-    Mistake("ln1 used twice", BlockSameNorm,
+    Mistake("ln1 used twice", variant(_BlockLayout, "BlockSameNorm", mlp_norm="ln1"),
             "The MLP reads ln1(x): each sub-layer has its own LayerNorm, use ln2 before the MLP."),
-    Mistake("ReLU in the MLP", BlockReLU,
+    Mistake("ReLU in the MLP", variant(_BlockLayout, "BlockReLU", relu=True),
             "The MLP uses ReLU; GPT uses GELU: nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))."),
 )
 
@@ -393,101 +341,45 @@ def _sample_generator(trial) -> None:
         )
 
 
-def sample_temperature_after_softmax(logits, temperature=1.0, top_k=None, generator=None):
-    if temperature == 0:
-        return logits.argmax(-1)
-    s = logits
-    if top_k is not None:
-        kth = s.topk(top_k, dim=-1).values[:, -1:]
-        s = s.masked_fill(s < kth, float("-inf"))
-    p = torch.softmax(s, dim=-1) / temperature
-    return torch.multinomial(p, 1, generator=generator).squeeze(-1)
+def _sampler(multiply=False, after_softmax=False, top_k_offset=0, use_top_k=True, smallest=False, dim=-1,
+             greedy=False):
+    """A wrong sampler: the temperature multiplied or applied after the softmax, top-k keeping
+    ``top_k + top_k_offset`` tokens, the smallest ones or ignored, the softmax over ``dim``,
+    or always greedy."""
 
-
-def sample_temperature_multiplied(logits, temperature=1.0, top_k=None, generator=None):
-    if temperature == 0:
-        return logits.argmax(-1)
-    s = logits * temperature
-    if top_k is not None:
-        kth = s.topk(top_k, dim=-1).values[:, -1:]
-        s = s.masked_fill(s < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(s, dim=-1), 1, generator=generator).squeeze(-1)
-
-
-def _top_k_off_by(offset: int):
     def sample(logits, temperature=1.0, top_k=None, generator=None):
-        if temperature == 0:
+        if temperature == 0 or greedy:
             return logits.argmax(-1)
-        s = logits / temperature
-        if top_k is not None:
-            k = min(max(top_k + offset, 1), s.size(-1))
-            kth = s.topk(k, dim=-1).values[:, -1:]
-            s = s.masked_fill(s < kth, float("-inf"))
-        return torch.multinomial(torch.softmax(s, dim=-1), 1, generator=generator).squeeze(-1)
+        s = logits if after_softmax else (logits * temperature if multiply else logits / temperature)
+        if top_k is not None and use_top_k:
+            k = min(max(top_k + top_k_offset, 1), s.size(-1)) if top_k_offset else top_k
+            kth = s.topk(k, dim=-1, largest=not smallest).values[:, -1:]
+            s = s.masked_fill(s > kth if smallest else s < kth, float("-inf"))
+        p = torch.softmax(s, dim=dim) / temperature if after_softmax else torch.softmax(s, dim=dim)
+        return torch.multinomial(p, 1, generator=generator).squeeze(-1)
 
     return sample
 
 
-sample_top_k_minus_one = _top_k_off_by(-1)
-sample_top_k_plus_one = _top_k_off_by(+1)
-
-
-def sample_top_k_ignored(logits, temperature=1.0, top_k=None, generator=None):
-    if temperature == 0:
-        return logits.argmax(-1)
-    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator).squeeze(-1)
-
-
-def sample_top_k_smallest(logits, temperature=1.0, top_k=None, generator=None):
-    if temperature == 0:
-        return logits.argmax(-1)
-    s = logits / temperature
-    if top_k is not None:
-        kth = s.topk(top_k, dim=-1, largest=False).values[:, -1:]
-        s = s.masked_fill(s > kth, float("-inf"))
-    return torch.multinomial(torch.softmax(s, dim=-1), 1, generator=generator).squeeze(-1)
-
-
-def sample_softmax_over_batch(logits, temperature=1.0, top_k=None, generator=None):
-    if temperature == 0:
-        return logits.argmax(-1)
-    s = logits / temperature
-    if top_k is not None:
-        kth = s.topk(top_k, dim=-1).values[:, -1:]
-        s = s.masked_fill(s < kth, float("-inf"))
-    p = torch.softmax(s, dim=0)
-    return torch.multinomial(p, 1, generator=generator).squeeze(-1)
-
-
-def sample_always_greedy(logits, temperature=1.0, top_k=None, generator=None):
-    return logits.argmax(-1)
-
-
-def sample_greedy_argmin(logits, temperature=1.0, top_k=None, generator=None):
-    if temperature == 0:
-        return logits.argmin(-1)
-    return sample_top_k_plus_one(logits, temperature, top_k and top_k - 1, generator)
-
-
 SAMPLE_MISTAKES = (
-    Mistake("temperature after the softmax", sample_temperature_after_softmax,
+    Mistake("temperature after the softmax", _sampler(after_softmax=True),
             "The temperature is applied after the softmax, where dividing the probabilities by T changes nothing "
             "once they are renormalised: divide the logits by the temperature, then take the softmax."),
-    Mistake("logits multiplied by the temperature", sample_temperature_multiplied,
+    Mistake("logits multiplied by the temperature", _sampler(multiply=True),
             "The logits are multiplied by the temperature: divide them (logits / temperature), so that a high "
             "temperature flattens the distribution."),
-    Mistake("top-k keeps k-1 tokens", sample_top_k_minus_one,
+    Mistake("top-k keeps k-1 tokens", _sampler(top_k_offset=-1),
             "Your top-k keeps k-1 tokens: keep every logit ≥ the k-th largest (torch.topk(logits, k).values[:, -1:])."),
-    Mistake("top-k keeps k+1 tokens", sample_top_k_plus_one,
+    Mistake("top-k keeps k+1 tokens", _sampler(top_k_offset=+1),
             "Your top-k keeps k+1 tokens: the threshold is the k-th largest logit, torch.topk(logits, k).values[:, -1:] "
             "(index k-1, not k)."),
-    Mistake("top-k ignored", sample_top_k_ignored,
+    Mistake("top-k ignored", _sampler(use_top_k=False),
             "top_k has no effect: set every logit below the k-th largest to -inf before the softmax."),
-    Mistake("top-k keeps the smallest", sample_top_k_smallest,
+    Mistake("top-k keeps the smallest", _sampler(smallest=True),
             "Your top-k keeps the k smallest logits: keep the k largest."),
-    Mistake("softmax over the batch", sample_softmax_over_batch,
+    Mistake("softmax over the batch", _sampler(dim=0),
             "The softmax runs over the batch axis: each row is its own distribution, use dim=-1."),
-    Mistake("always greedy", sample_always_greedy,
+    Mistake("always greedy", _sampler(greedy=True),
             "You always return the argmax: for temperature > 0, draw from softmax(logits / temperature) "
             "with torch.multinomial."),
 )
@@ -540,49 +432,36 @@ def _gen_case(kind: str, B: int, T: int, new: int, block: int, seed: int, **extr
     return Case(f"{what} with block_size={block}, idx ({B}, {T}), max_new_tokens={new}, temperature=0{more}", make)
 
 
-def _greedy_next(model, context):
-    return model(context)[:, -1, :].argmax(-1)
+def _gen_loop(crop, position=-1, new_only=False):
+    """A wrong greedy generation: the context cropped by ``crop(idx, block_size)``, the next
+    token read at ``position``, only the new tokens returned (``new_only``)."""
 
-
-def _gen_loop(crop):
     def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        prompt = idx.size(1)
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                context = crop(idx, model.block_size)
-                idx = torch.cat([idx, _greedy_next(model, context)[:, None]], dim=1)
-        return idx
+                nxt = model(crop(idx, model.block_size))[:, position, :].argmax(-1)
+                idx = torch.cat([idx, nxt[:, None]], dim=1)
+        return idx[:, prompt:] if new_only else idx
 
     return generate
 
 
-generate_no_crop = _gen_loop(lambda idx, n: idx)
-generate_keep_first = _gen_loop(lambda idx, n: idx[:, :n])
-generate_crop_one_short = _gen_loop(lambda idx, n: idx[:, -(n - 1):])
-
-
-def generate_first_position(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            nxt = model(idx[:, -model.block_size:])[:, 0, :].argmax(-1)
-            idx = torch.cat([idx, nxt[:, None]], dim=1)
-    return idx
-
-
-def generate_new_only(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-    return _gen_loop(lambda i, n: i[:, -n:])(model, idx, max_new_tokens)[:, idx.size(1):]
+def _latest(idx, n):
+    return idx[:, -n:]
 
 
 GENERATE_MISTAKES = (
-    Mistake("context not cropped", generate_no_crop,
+    Mistake("context not cropped", _gen_loop(lambda idx, n: idx),
             "The context is not cropped: the model only knows block_size positions, so feed it "
             "idx[:, -model.block_size:], the most recent block_size tokens."),
-    Mistake("keeps the first tokens", generate_keep_first,
+    Mistake("keeps the first tokens", _gen_loop(lambda idx, n: idx[:, :n]),
             "You crop to the first block_size tokens: keep the most recent ones, idx[:, -model.block_size:]."),
-    Mistake("crops one token too many", generate_crop_one_short,
+    Mistake("crops one token too many", _gen_loop(lambda idx, n: idx[:, -(n - 1):]),
             "You crop to block_size - 1 tokens: the model can take block_size, idx[:, -model.block_size:]."),
-    Mistake("first position's logits", generate_first_position,
+    Mistake("first position's logits", _gen_loop(_latest, position=0),
             "The next token comes from the logits of the first position: use the last one, logits[:, -1, :]."),
-    Mistake("returns only the new tokens", generate_new_only,
+    Mistake("returns only the new tokens", _gen_loop(_latest, new_only=True),
             "Return the whole sequence, the prompt followed by the new tokens: shape (B, T + max_new_tokens)."),
 )
 
@@ -618,61 +497,37 @@ def _count_case(n_layer, d_model, vocab_size, n_ctx, tied=None) -> Case:
     return Case(label, lambda device: dict(kw))
 
 
-def _count(n_layer, d, V, n_ctx, tied, *, bias=True, ln=True, pos=True, ff=4, final_ln=True):
+def _count(n_layer, d_model, vocab_size, n_ctx, tied=True, *, bias=True, ln=True, pos=True, ff=4, final_ln=True,
+           tied_as=None):
+    """A GPT's parameters counted without biases, LayerNorms, positions or the final LayerNorm,
+    with an MLP of width ``ff``·d, or with ``tied`` read as ``tied_as``."""
+    d, V = d_model, vocab_size
     per = (4 * d if ln else 0) + 4 * d * d + ff * 2 * d * d + ((4 * d + ff * d + d) if bias else 0)
     total = V * d + (n_ctx * d if pos else 0) + n_layer * per + (2 * d if ln and final_ln else 0)
-    return total + (0 if tied else V * d)
+    return total + (0 if (tied if tied_as is None else tied_as) else V * d)
 
 
-def count_without_biases(n_layer, d_model, vocab_size, n_ctx, tied=True):
-    return _count(n_layer, d_model, vocab_size, n_ctx, tied, bias=False)
-
-
-def count_without_layernorms(n_layer, d_model, vocab_size, n_ctx, tied=True):
-    return _count(n_layer, d_model, vocab_size, n_ctx, tied, ln=False)
-
-
-def count_without_positions(n_layer, d_model, vocab_size, n_ctx, tied=True):
-    return _count(n_layer, d_model, vocab_size, n_ctx, tied, pos=False)
-
-
-def count_without_final_ln(n_layer, d_model, vocab_size, n_ctx, tied=True):
-    return _count(n_layer, d_model, vocab_size, n_ctx, tied, final_ln=False)
-
-
-def count_tied_ignored(n_layer, d_model, vocab_size, n_ctx, tied=True):
-    return _count(n_layer, d_model, vocab_size, n_ctx, False)
-
-
-def count_untied_ignored(n_layer, d_model, vocab_size, n_ctx, tied=True):
-    return _count(n_layer, d_model, vocab_size, n_ctx, True)
-
-
-def count_mlp_d_model(n_layer, d_model, vocab_size, n_ctx, tied=True):
-    return _count(n_layer, d_model, vocab_size, n_ctx, tied, ff=1)
-
-
-def count_twelve_d_squared(n_layer, d_model, vocab_size, n_ctx, tied=True):
+def _twelve_d_squared(n_layer, d_model, vocab_size, n_ctx, tied=True):
     return 12 * n_layer * d_model * d_model
 
 
 COUNT_MISTAKES = (
-    Mistake("no biases", count_without_biases,
+    Mistake("no biases", partial(_count, bias=False),
             "The biases are missing: every nn.Linear has one (attention: 4·d, MLP: 4·d + d per block)."),
-    Mistake("no LayerNorms", count_without_layernorms,
+    Mistake("no LayerNorms", partial(_count, ln=False),
             "The LayerNorms are missing: each has a weight and a bias of size d (two per block, 4·d, plus "
             "2·d for the final ln_f)."),
-    Mistake("no position embeddings", count_without_positions,
+    Mistake("no position embeddings", partial(_count, pos=False),
             "The position embeddings are missing: GPT learns one vector per position, n_ctx · d parameters."),
-    Mistake("no final LayerNorm", count_without_final_ln,
+    Mistake("no final LayerNorm", partial(_count, final_ln=False),
             "The final LayerNorm (ln_f, 2·d parameters) after the last block is missing."),
-    Mistake("tied ignored", count_tied_ignored,
+    Mistake("tied ignored", partial(_count, tied_as=False),
             "With tied=True the output layer reuses the token embedding's matrix, so it adds no parameters."),
-    Mistake("untied output layer missing", count_untied_ignored,
+    Mistake("untied output layer missing", partial(_count, tied_as=True),
             "With tied=False the output layer is a separate vocab_size × d matrix (nn.Linear without bias): add it."),
-    Mistake("MLP of width d", count_mlp_d_model,
+    Mistake("MLP of width d", partial(_count, ff=1),
             "The MLP's hidden layer has d_ff = 4·d units: its two matrices hold 8·d² parameters."),
-    Mistake("only 12·n_layer·d²", count_twelve_d_squared,
+    Mistake("only 12·n_layer·d²", _twelve_d_squared,
             "12 · n_layer · d² is the usual approximation of the blocks' matrices only; the function should count "
             "everything exactly: embeddings, biases and LayerNorms too."),
 )
@@ -778,8 +633,8 @@ def _no_parameter_changes(trial) -> None:
                           "(model.train(was_training)).")
 
 
-def _accuracy_loop(model, task_sampler, shots, n_eval, generator, *, last=True, percent=False, eval_mode=True,
-                   train_step=False):
+def _accuracy_loop(model, task_sampler, shots, n_eval, generator=None, *, last=True, percent=False,
+                   eval_mode=True, train_step=False, leave_eval=False):
     was = model.training
     if eval_mode:
         model.eval()
@@ -802,28 +657,8 @@ def _accuracy_loop(model, task_sampler, shots, n_eval, generator, *, last=True, 
         acc = (pred == targets).float().mean().item()
         out[k] = 100.0 * acc if percent else acc
     model.train(was)
-    return out
-
-
-def accuracy_first_position(model, task_sampler, shots, n_eval, generator=None):
-    return _accuracy_loop(model, task_sampler, shots, n_eval, generator, last=False)
-
-
-def accuracy_percent(model, task_sampler, shots, n_eval, generator=None):
-    return _accuracy_loop(model, task_sampler, shots, n_eval, generator, percent=True)
-
-
-def accuracy_train_mode(model, task_sampler, shots, n_eval, generator=None):
-    return _accuracy_loop(model, task_sampler, shots, n_eval, generator, eval_mode=False)
-
-
-def accuracy_fine_tunes(model, task_sampler, shots, n_eval, generator=None):
-    return _accuracy_loop(model, task_sampler, shots, n_eval, generator, train_step=True)
-
-
-def accuracy_leaves_eval_mode(model, task_sampler, shots, n_eval, generator=None):
-    out = _accuracy_loop(model, task_sampler, shots, n_eval, generator)
-    model.eval()
+    if leave_eval:
+        model.eval()
     return out
 
 
@@ -831,14 +666,14 @@ FINE_TUNES = ("Your function updates the model's parameters: in-context learning
               "evaluate under torch.no_grad() and never call an optimizer.")
 
 FEW_SHOT_MISTAKES = (
-    Mistake("first position", accuracy_first_position,
+    Mistake("first position", partial(_accuracy_loop, last=False),
             "The prediction is read at the first position: the query is the last token, use model(prompts)[:, -1]."),
-    Mistake("percentages", accuracy_percent, "Return accuracies as fractions in [0, 1], not percentages."),
-    Mistake("train mode", accuracy_train_mode,
+    Mistake("percentages", partial(_accuracy_loop, percent=True), "Return accuracies as fractions in [0, 1], not percentages."),
+    Mistake("train mode", partial(_accuracy_loop, eval_mode=False),
             "The model is evaluated in train mode, so dropout is still active: call model.eval() first "
             "(and restore the previous mode afterwards)."),
-    Mistake("fine-tunes on the prompts", accuracy_fine_tunes, FINE_TUNES),
-    Mistake("leaves the model in eval mode", accuracy_leaves_eval_mode,
+    Mistake("fine-tunes on the prompts", partial(_accuracy_loop, train_step=True), FINE_TUNES),
+    Mistake("leaves the model in eval mode", partial(_accuracy_loop, leave_eval=True),
             "the model was left in eval mode; restore its train mode afterwards"),
 )
 

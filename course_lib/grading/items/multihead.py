@@ -12,10 +12,8 @@ from torch import nn
 
 from ... import multihead as ref
 from ..compare import describe_difference
-from ..properties import (
-    compare_cases, dtype_name, layout, masked_keys_ignored, masked_weights_zero, module_gradients,
-    module_inputs, randn, reference_state, weights_sum_to_one,
-)
+from ..properties import (compare_cases, dtype_name, masked_keys_ignored, masked_weights_zero, module_case,
+                          module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
 from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
@@ -169,7 +167,7 @@ def _mha_case(seed: int, B: int, T_q: int, T_k: int, d_model: int, H: int, dtype
     if not cross and T_q != T_k:
         raise ValueError("self-attention cases need T_q == T_k")
 
-    def make(device: torch.device) -> dict:
+    def inputs(device: torch.device) -> dict:
         query = randn((B, T_q, d_model), seed, dtype, device)
         memory = randn((B, T_k, d_model), seed + 1, dtype, device) if cross else query
         m = None
@@ -180,15 +178,14 @@ def _mha_case(seed: int, B: int, T_q: int, T_k: int, d_model: int, H: int, dtype
             m = (torch.arange(T_k, device=device)[None, :] < lengths[:, None])[:, None, :]
         # "head_mask": the mask as it applies to weights (B, H, T_q, T_k), for the property checks
         head_mask = None if m is None else (m.unsqueeze(1) if m.dim() == 3 else m)
-        dims = (d_model, H)
-        return module_inputs(dims, reference_state(ref.MultiHeadAttention, dims, 4321 + 7 * d_model + H),
-                             device, dtype, query=query, key=memory, value=memory, mask=m, head_mask=head_mask)
+        return {"query": query, "key": memory, "value": memory, "mask": m, "head_mask": head_mask}
 
     words = {"none": "no mask", "causal": f"causal mask ({T_q}, {T_k})",
              "padding": f"padding mask ({B}, 1, {T_k}) with lengths {[max(1, T_k - 2 * b) for b in range(B)]}"}[mask]
     what = (f"cross-attention with query ({B}, {T_q}, {d_model}) and key = value ({B}, {T_k}, {d_model})"
             if cross else f"self-attention on x ({B}, {T_q}, {d_model})")
-    return Case(f"MultiHeadAttention(d_model={d_model}, num_heads={H}), {what} {dtype_name(dtype)}, {words}", make)
+    return module_case(f"MultiHeadAttention(d_model={d_model}, num_heads={H}), {what} {dtype_name(dtype)}, {words}",
+                       ref.MultiHeadAttention, (d_model, H), 4321 + 7 * d_model + H, dtype, inputs)
 
 
 class _MHALayout(nn.Module):
@@ -202,159 +199,84 @@ class _MHALayout(nn.Module):
         self.w_v = nn.Linear(d_model, d_model)
         self.w_o = nn.Linear(d_model, d_model)
 
-    def split(self, x):
-        B, T, D = x.shape
-        return x.reshape(B, T, self.num_heads, D // self.num_heads).transpose(1, 2)
-
-    @staticmethod
-    def merge(x):
-        B, H, T, d = x.shape
-        return x.transpose(1, 2).reshape(B, T, H * d)
-
-    @staticmethod
-    def head_mask(mask):
-        return mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
-
-    @staticmethod
-    def attend(q, k, v, mask, scale, dim=-1):
-        s = q @ k.transpose(-2, -1) / scale
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
-        w = torch.softmax(s, dim=dim)
-        return w @ v, w
-
-    def projections(self, query, key, value):
-        return self.split(self.w_q(query)), self.split(self.w_k(key)), self.split(self.w_v(value))
-
-
-class MHANoTranspose(_MHALayout):
-    def forward(self, query, key, value, mask=None):
+    def run(self, query, key, value, mask, reshape_only=False, scale_by_d_model=False, out="w_o",
+            keys_from_query=False, mask_as="head", dim=-1, average=False):
+        """Attention with its ways of going wrong: heads reshaped without a transpose, scores
+        scaled by √d_model, the output map skipped (``out="none"``) or applied per head, keys
+        and values from the query, the mask ``mask_as`` given / none / inverted, the softmax
+        over ``dim``, the weights averaged over the heads."""
         B, T_q, D = query.shape
         H = self.num_heads
-        q = self.w_q(query).reshape(B, H, T_q, D // H)
-        k = self.w_k(key).reshape(B, H, key.size(1), D // H)
-        v = self.w_v(value).reshape(B, H, value.size(1), D // H)
-        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(D // H))
-        return self.w_o(heads.reshape(B, T_q, D)), w
+        if keys_from_query:
+            key = value = query
+        pairs = ((self.w_q, query), (self.w_k, key), (self.w_v, value))
+        if reshape_only:
+            q, k, v = (lin(t).reshape(B, H, t.size(1), D // H) for lin, t in pairs)
+        else:
+            q, k, v = (lin(t).reshape(B, t.size(1), H, D // H).transpose(1, 2) for lin, t in pairs)
+        m = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
+        m = {"head": m, "given": mask, "none": None, "inverted": None if m is None else ~m}[mask_as]
+        s = q @ k.transpose(-2, -1) / math.sqrt(D if scale_by_d_model else D // H)
+        if m is not None:
+            s = s.masked_fill(~m, float("-inf"))
+        w = torch.softmax(s, dim=dim)
+        heads = w @ v
+        merged = heads.reshape(B, T_q, D) if reshape_only else heads.transpose(1, 2).reshape(B, T_q, D)
+        if out == "per_head":  # w_o on each head alone (zero-padded into its block), then averaged
+            d = D // H
+            outs = []
+            for j in range(H):
+                padded = torch.zeros(B, T_q, D, dtype=heads.dtype, device=heads.device)
+                padded[..., j * d:(j + 1) * d] = heads[:, j]
+                outs.append(self.w_o(padded))
+            return torch.stack(outs).mean(0), w
+        return (self.w_o(merged) if out == "w_o" else merged), (w.mean(1) if average else w)
 
 
-class MHAScaledByDModel(_MHALayout):
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, key, value)
-        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(query.size(-1)))
-        return self.w_o(self.merge(heads)), w
-
-
-class MHANoWo(_MHALayout):
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, key, value)
-        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)))
-        return self.merge(heads), w
-
-
-class MHAWoPerHead(_MHALayout):
-    """w_o applied to each head's output on its own (zero-padded into its block), then averaged."""
-
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, key, value)
-        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)))
-        H, d = heads.size(1), heads.size(-1)
-        outs = []
-        for j in range(H):
-            padded = torch.zeros(*heads.shape[:1], heads.size(2), H * d, dtype=heads.dtype, device=heads.device)
-            padded[..., j * d:(j + 1) * d] = heads[:, j]
-            outs.append(self.w_o(padded))
-        return torch.stack(outs).mean(0), w
-
-
-class MHASelfOnly(_MHALayout):
-    """Keys and values taken from `query`: right for self-attention, wrong for cross-attention."""
-
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, query, query)
-        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)))
-        return self.w_o(self.merge(heads)), w
-
-
-class MHAMaskNoHeadAxis(_MHALayout):
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, key, value)
-        heads, w = self.attend(q, k, v, mask, math.sqrt(q.size(-1)))
-        return self.w_o(self.merge(heads)), w
-
-
-class MHAMaskIgnored(_MHALayout):
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, key, value)
-        heads, w = self.attend(q, k, v, None, math.sqrt(q.size(-1)))
-        return self.w_o(self.merge(heads)), w
-
-
-class MHAMaskInverted(_MHALayout):
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, key, value)
-        m = self.head_mask(mask)
-        heads, w = self.attend(q, k, v, None if m is None else ~m, math.sqrt(q.size(-1)))
-        return self.w_o(self.merge(heads)), w
-
-
-class MHASoftmaxQueries(_MHALayout):
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, key, value)
-        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)), dim=-2)
-        return self.w_o(self.merge(heads)), w
-
-
-class MHAWeightsAveraged(_MHALayout):
-    def forward(self, query, key, value, mask=None):
-        q, k, v = self.projections(query, key, value)
-        heads, w = self.attend(q, k, v, self.head_mask(mask), math.sqrt(q.size(-1)))
-        return self.w_o(self.merge(heads)), w.mean(1)
-
-
+MHANoWo = variant(_MHALayout, "MHANoWo", out="none")
+MHAMaskNoHeadAxis = variant(_MHALayout, "MHAMaskNoHeadAxis", mask_as="given")
 MHA_MISTAKES = (
-    Mistake("heads reshaped without transpose", MHANoTranspose,
+    Mistake("heads reshaped without transpose", variant(_MHALayout, "MHANoTranspose", reshape_only=True),
             "The heads are reshaped straight from (B, T, D) to (B, H, T, D/H) (or back) without a transpose, "
             "which mixes positions: split with .reshape(B, T, H, D/H).transpose(1, 2) and merge with the inverse."),
-    Mistake("scaled by √d_model", MHAScaledByDModel,
+    Mistake("scaled by √d_model", variant(_MHALayout, "MHAScaledByDModel", scale_by_d_model=True),
             "The scores are divided by √d_model, but each head's dot products have d_head = d_model / num_heads "
             "terms: divide by √d_head."),
     Mistake("w_o missing", MHANoWo,
             "The output skips w_o: concatenate the heads (B, T, d_model) and apply self.w_o once."),
-    Mistake("w_o applied per head", MHAWoPerHead,
+    Mistake("w_o applied per head", variant(_MHALayout, "MHAWoPerHead", out="per_head"),
             "w_o is applied to each head separately and the results are averaged: concatenate the heads "
             "first and apply self.w_o once to the (B, T, d_model) result."),
-    Mistake("keys and values from the query", MHASelfOnly,
+    Mistake("keys and values from the query", variant(_MHALayout, "MHASelfOnly", keys_from_query=True),
             "Keys and values are computed from `query`: they must come from w_k(key) and w_v(value), which "
             "differ from the queries in cross-attention."),
     Mistake("mask without a head axis", MHAMaskNoHeadAxis,
             "A padding mask (B, 1, T_k) is applied to scores (B, H, T_q, T_k) without a head axis, so it lines "
             "up with the heads instead of the batch: use mask.unsqueeze(1) for 3-D masks."),
-    Mistake("mask ignored", MHAMaskIgnored, "forward ignores its mask: pass it on to every head's attention."),
-    Mistake("mask inverted", MHAMaskInverted,
+    Mistake("mask ignored", variant(_MHALayout, "MHAMaskIgnored", mask_as="none"), "forward ignores its mask: pass it on to every head's attention."),
+    Mistake("mask inverted", variant(_MHALayout, "MHAMaskInverted", mask_as="inverted"),
             "Your mask is inverted: True means 'may attend', so fill the scores where the mask is False (~mask)."),
-    Mistake("softmax over the query axis", MHASoftmaxQueries,
+    Mistake("softmax over the query axis", variant(_MHALayout, "MHASoftmaxQueries", dim=-2),
             "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
-    Mistake("weights averaged over heads", MHAWeightsAveraged,
+    Mistake("weights averaged over heads", variant(_MHALayout, "MHAWeightsAveraged", average=True),
             "You returned the weights averaged over the heads (B, T_q, T_k); return every head's weights, "
             "(B, H, T_q, T_k)."),
 )
 
 
+def _mha_advice(got: dict) -> str:
+    advice = ""
+    if any(v in ((4, 8), (8, 4)) for v in got.values()):
+        advice += (" Keep one nn.Linear(d_model, d_model) per projection and split its output into heads "
+                   "(d_model / num_heads features each) instead of one small Linear per head.")
+    if not any(k.endswith(".bias") for k in got):
+        advice += " The projections have a bias: nn.Linear(d_model, d_model) (bias=True is the default)."
+    return advice
+
+
 def _mha_parameters(trial) -> None:
-    got = layout(trial, (8, 2))["state"]
-    expected = {f"{n}.{p}": (8, 8) if p == "weight" else (8,)
-                for n in ("w_q", "w_k", "w_v", "w_o") for p in ("weight", "bias")}
-    if got != expected:
-        msg = (f"MultiHeadAttention(d_model=8, num_heads=2) should have exactly the parameters "
-               f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
-               f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
-        if any(v in ((4, 8), (8, 4)) for v in got.values()):
-            msg += (" Keep one nn.Linear(d_model, d_model) per projection and split its output into heads "
-                    "(d_model / num_heads features each) instead of one small Linear per head.")
-        if not any(k.endswith(".bias") for k in got):
-            msg += " The projections have a bias: nn.Linear(d_model, d_model) (bias=True is the default)."
-        raise CheckFailed(msg)
+    expected = {f"{n}.{p}": (8, 8) if p == "weight" else (8,) for n in ("w_q", "w_k", "w_v", "w_o") for p in ("weight", "bias")}
+    parameter_shapes(trial, (8, 2), expected, "MultiHeadAttention(d_model=8, num_heads=2)", _mha_advice)
 
 
 def _mha_gradients(trial) -> None:

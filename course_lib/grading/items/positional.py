@@ -11,12 +11,9 @@ from torch import nn
 
 from ... import positional as ref
 from ..compare import describe_difference, fmt_num
-from ..properties import (
-    compare_cases, dtype_name, layout, masked_weights_zero, module_gradients, module_inputs,
-    randn, reference_state,
-)
-from ..calls import unwatched
-from ..calls import Invoke
+from ..calls import Invoke, unwatched
+from ..properties import (compare_cases, dtype_name, masked_weights_zero, module_case, module_gradients,
+                          parameter_shapes, randn, variant)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -294,24 +291,21 @@ def _rel_spec() -> ItemSpec:
 # ---------------------------------------------------------------------------
 
 
+def _half_relative(module: nn.Module) -> None:
+    """``adjust``: smaller relative vectors keep the softmax away from saturation."""
+    module.rel_k.weight.mul_(0.5)
+    module.rel_v.weight.mul_(0.5)
+
+
 def _relattn_case(seed: int, B: int, T: int, d_model: int, delta: int, dtype: torch.dtype, causal: bool) -> Case:
-    def make(device: torch.device) -> dict:
-        x = randn((B, T, d_model), seed, dtype, device)
+    def inputs(device: torch.device) -> dict:
         mask = torch.ones(T, T, dtype=torch.bool, device=device).tril() if causal else None
-        dims = (d_model, delta)
-        return module_inputs(dims, _relattn_reference_state(dims), device, dtype, x=x, mask=mask)
+        return {"x": randn((B, T, d_model), seed, dtype, device), "mask": mask}
 
     m = "causal mask" if causal else "no mask"
-    return Case(f"RelativeSelfAttention(d_model={d_model}, max_distance={delta}) on x ({B}, {T}, {d_model}) "
-                f"{dtype_name(dtype)}, {m}", make)
-
-
-def _relattn_reference_state(dims: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """The weights every implementation runs with (grader side)."""
-    state = reference_state(ref.RelativeSelfAttention, dims, 2468 + 11 * dims[0] + dims[1])
-    for name in ("rel_k.weight", "rel_v.weight"):  # smaller relative vectors keep the softmax away from saturation
-        state[name] = state[name] * 0.5
-    return state
+    return module_case(f"RelativeSelfAttention(d_model={d_model}, max_distance={delta}) on x ({B}, {T}, {d_model}) "
+                       f"{dtype_name(dtype)}, {m}", ref.RelativeSelfAttention, (d_model, delta),
+                       2468 + 11 * d_model + delta, dtype, inputs, adjust=_half_relative)
 
 
 class _RelLayout(nn.Module):
@@ -330,7 +324,7 @@ class _RelLayout(nn.Module):
         i = torch.arange(T, device=device)
         return (sign * (i[None, :] - i[:, None])).clamp(-self.max_distance, self.max_distance) + self.max_distance
 
-    def run(self, x, mask, sign=1, use_ak=True, use_av=True, ak_on_query=False, scale=None, dim=-1):
+    def run(self, x, mask, sign=1, use_ak=True, use_av=True, ak_on_query=False, scale=None, dim=-1, use_mask=True):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         idx = self.index(x.size(1), x.device, sign)
         a_k, a_v = self.rel_k(idx), self.rel_v(idx)
@@ -341,7 +335,7 @@ class _RelLayout(nn.Module):
             if use_ak:
                 s = s + torch.einsum("bid,ijd->bij", q, a_k)
         s = s / (math.sqrt(x.size(-1)) if scale is None else scale)
-        if mask is not None:
+        if mask is not None and use_mask:
             s = s.masked_fill(~mask, float("-inf"))
         w = torch.softmax(s, dim=dim)
         out = w @ v
@@ -350,71 +344,36 @@ class _RelLayout(nn.Module):
         return out, w
 
 
-class RelSignFlipped(_RelLayout):
-    def forward(self, x, mask=None):
-        return self.run(x, mask, sign=-1)
-
-
-class RelNoKeyTerm(_RelLayout):
-    def forward(self, x, mask=None):
-        return self.run(x, mask, use_ak=False)
-
-
-class RelNoValueTerm(_RelLayout):
-    def forward(self, x, mask=None):
-        return self.run(x, mask, use_av=False)
-
-
-class RelOnQuery(_RelLayout):
-    def forward(self, x, mask=None):
-        return self.run(x, mask, ak_on_query=True)
-
-
-class RelNoScale(_RelLayout):
-    def forward(self, x, mask=None):
-        return self.run(x, mask, scale=1.0)
-
-
-class RelMaskIgnored(_RelLayout):
-    def forward(self, x, mask=None):
-        return self.run(x, None)
-
-
-class RelSoftmaxQueries(_RelLayout):
-    def forward(self, x, mask=None):
-        return self.run(x, mask, dim=-2)
-
-
 RELATTN_MISTAKES = (
-    Mistake("relative index sign flipped", RelSignFlipped,
+    Mistake("relative index sign flipped", variant(_RelLayout, "RelSignFlipped", sign=-1),
             "The relative positions have the wrong sign: a^K_ij and a^V_ij use clip(j − i, −δ, δ) + δ "
             "(key minus query), as in relative_position_index."),
-    Mistake("a^K missing", RelNoKeyTerm,
+    Mistake("a^K missing", variant(_RelLayout, "RelNoKeyTerm", use_ak=False),
             "The scores ignore the relative keys: e_ij = q_i · (k_j + a^K_ij) / √d, add the term q_i · a^K_ij."),
-    Mistake("a^V missing", RelNoValueTerm,
+    Mistake("a^V missing", variant(_RelLayout, "RelNoValueTerm", use_av=False),
             "The output ignores the relative values: out_i = Σ_j α_ij (v_j + a^V_ij), add Σ_j α_ij a^V_ij."),
-    Mistake("a^K added to the query", RelOnQuery,
+    Mistake("a^K added to the query", variant(_RelLayout, "RelOnQuery", ak_on_query=True),
             "The relative vector is added to the query; Shaw et al. add it to the key: q_i · (k_j + a^K_ij)."),
-    Mistake("no scaling", RelNoScale, "The scores are not scaled: divide by √d_model."),
-    Mistake("mask ignored", RelMaskIgnored, "forward ignores its mask: fill disallowed scores with -inf before the softmax."),
-    Mistake("softmax over the query axis", RelSoftmaxQueries,
+    Mistake("no scaling", variant(_RelLayout, "RelNoScale", scale=1.0), "The scores are not scaled: divide by √d_model."),
+    Mistake("mask ignored", variant(_RelLayout, "RelMaskIgnored", use_mask=False), "forward ignores its mask: fill disallowed scores with -inf before the softmax."),
+    Mistake("softmax over the query axis", variant(_RelLayout, "RelSoftmaxQueries", dim=-2),
             "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
 )
 
 
+def _relattn_advice(got: dict) -> str:
+    advice = ""
+    if got.get("rel_k.weight", (5,))[0] != 5:
+        advice += " There are 2δ + 1 = 5 clipped distances −2 … 2, so the embeddings have 2·max_distance + 1 rows."
+    if any(k.endswith(".bias") for k in got):
+        advice += " The projections have no bias: nn.Linear(d_model, d_model, bias=False)."
+    return advice
+
+
 def _relattn_parameters(trial) -> None:
-    got = layout(trial, (6, 2))["state"]
     expected = {"w_q.weight": (6, 6), "w_k.weight": (6, 6), "w_v.weight": (6, 6),
                 "rel_k.weight": (5, 6), "rel_v.weight": (5, 6)}
-    if got != expected:
-        msg = (f"RelativeSelfAttention(d_model=6, max_distance=2) should have exactly the parameters "
-               f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
-               f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
-        if got.get("rel_k.weight", (5,))[0] != 5:
-            msg += " There are 2δ + 1 = 5 clipped distances −2 … 2, so the embeddings have 2·max_distance + 1 rows."
-        if any(k.endswith(".bias") for k in got):
-            msg += " The projections have no bias: nn.Linear(d_model, d_model, bias=False)."
-        raise CheckFailed(msg)
+    parameter_shapes(trial, (6, 2), expected, "RelativeSelfAttention(d_model=6, max_distance=2)", _relattn_advice)
 
 
 def _relattn_spec() -> ItemSpec:
@@ -428,9 +387,6 @@ def _relattn_spec() -> ItemSpec:
     causal = _relattn_case(450, 2, 5, 6, 2, f32, True)
     grad_case = _relattn_case(460, 2, 5, 6, 2, f64, True)
 
-    def gradients(trial) -> None:
-        module_gradients(trial, grad_case)
-
     return ItemSpec(
         name="RelativeSelfAttention",
         reference=ref.RelativeSelfAttention,
@@ -443,7 +399,7 @@ def _relattn_spec() -> ItemSpec:
             SubCheck("matches with a causal mask, float64, δ = 1 and δ longer than the sequence", 1,
                      compare_cases(*hidden), hidden=True),
             SubCheck("masked weights are exactly 0; gradients reach x and every parameter", 1,
-                     lambda t: (masked_weights_zero(t, causal), gradients(t)), hidden=True),
+                     lambda t: (masked_weights_zero(t, causal), module_gradients(t, grad_case)), hidden=True),
         ),
     )
 

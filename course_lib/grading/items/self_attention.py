@@ -10,12 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import attention as ref
-from ..properties import (
-    compare_cases, dtype_name, generator, gradients_reach, layout, mask_words, masked_keys_ignored,
-    masked_weights_zero, module_gradients, module_inputs, randn,
-    reference_state, seed, weights_sum_to_one,
-)
 from ..calls import Invoke
+from ..properties import (compare_cases, dtype_name, generator, gradients_reach, mask_words, masked_keys_ignored,
+                          masked_weights_zero, module_case, module_gradients, parameter_shapes, randn, seed, variant,
+                          weights_sum_to_one)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -319,16 +317,14 @@ def _padding_spec() -> ItemSpec:
 
 def _selfattn_case(seed: int, B: int, T: int, d_model: int, d_k: int, d_v: int,
                    dtype: torch.dtype, causal: bool) -> Case:
-    def make(device: torch.device) -> dict:
-        dims = (d_model, d_k, d_v)
-        x = randn((B, T, d_model), seed, dtype, device)
+    def inputs(device: torch.device) -> dict:
         mask = torch.ones(T, T, dtype=torch.bool, device=device).tril() if causal else None
-        return module_inputs(dims, reference_state(ref.SelfAttention, dims, 1234 + sum(dims)), device, dtype,
-                             x=x, mask=mask)
+        return {"x": randn((B, T, d_model), seed, dtype, device), "mask": mask}
 
+    dims = (d_model, d_k, d_v)
     m = "causal mask" if causal else "no mask"
-    return Case(f"SelfAttention(d_model={d_model}, d_k={d_k}, d_v={d_v}) on x ({B}, {T}, {d_model}) {dtype_name(dtype)}, {m}",
-                make)
+    return module_case(f"SelfAttention(d_model={d_model}, d_k={d_k}, d_v={d_v}) on x ({B}, {T}, {d_model}) "
+                       f"{dtype_name(dtype)}, {m}", ref.SelfAttention, dims, 1234 + sum(dims), dtype, inputs)
 
 
 class _SelfAttentionLayout(nn.Module):
@@ -340,70 +336,37 @@ class _SelfAttentionLayout(nn.Module):
         self.w_k = nn.Linear(d_model, d_k, bias=False)
         self.w_v = nn.Linear(d_model, d_v, bias=False)
 
-
-class SelfAttentionScaledByDModel(_SelfAttentionLayout):
-    def forward(self, x, mask=None):
-        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
-        return _finish(_scores(q, k) / math.sqrt(x.size(-1)), v, mask)
-
-
-class SelfAttentionNoScale(_SelfAttentionLayout):
-    def forward(self, x, mask=None):
-        return _finish(_scores(self.w_q(x), self.w_k(x)), self.w_v(x), mask)
-
-
-def _attend(q, k, v, mask):
-    return _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, mask)
-
-
-class SelfAttentionQKSwapped(_SelfAttentionLayout):
-    def forward(self, x, mask=None):
-        return _attend(self.w_k(x), self.w_q(x), self.w_v(x), mask)
-
-
-class SelfAttentionValuesFromX(_SelfAttentionLayout):
-    def forward(self, x, mask=None):
-        return _attend(self.w_q(x), self.w_k(x), x, mask)
-
-
-class SelfAttentionMaskIgnored(_SelfAttentionLayout):
-    def forward(self, x, mask=None):
-        return _attend(self.w_q(x), self.w_k(x), self.w_v(x), None)
-
-
-class SelfAttentionSoftmaxQueries(_SelfAttentionLayout):
-    def forward(self, x, mask=None):
-        return sdpa_softmax_over_queries(self.w_q(x), self.w_k(x), self.w_v(x), mask)
+    def run(self, x, mask, scale="d_k", swapped=False, project_v=True, use_mask=True, dim=-1):
+        q, k = (self.w_k(x), self.w_q(x)) if swapped else (self.w_q(x), self.w_k(x))
+        s = _scores(q, k)
+        if scale:
+            s = s / math.sqrt(q.size(-1) if scale == "d_k" else x.size(-1))
+        return _finish(s, self.w_v(x) if project_v else x, mask if use_mask else None, dim)
 
 
 SELFATTN_MISTAKES = (
-    Mistake("scaled by √d_model", SelfAttentionScaledByDModel,
+    Mistake("scaled by √d_model", variant(_SelfAttentionLayout, "SelfAttentionScaledByDModel", scale="d_model"),
             "The scores are divided by √d_model; divide by √d_k, the size of the queries and keys (after w_q, w_k)."),
-    Mistake("no scaling", SelfAttentionNoScale, "The scores are not scaled: divide q kᵀ by √d_k."),
-    Mistake("queries and keys swapped", SelfAttentionQKSwapped,
+    Mistake("no scaling", variant(_SelfAttentionLayout, "SelfAttentionNoScale", scale=None), "The scores are not scaled: divide q kᵀ by √d_k."),
+    Mistake("queries and keys swapped", variant(_SelfAttentionLayout, "SelfAttentionQKSwapped", swapped=True),
             "Queries and keys are swapped: queries come from w_q(x), keys from w_k(x); "
             "your weights come out transposed."),
-    Mistake("values not projected", SelfAttentionValuesFromX,
+    Mistake("values not projected", variant(_SelfAttentionLayout, "SelfAttentionValuesFromX", project_v=False),
             "The values are x itself: project them with w_v(x)."),
-    Mistake("mask ignored", SelfAttentionMaskIgnored, "forward ignores its mask argument: pass it on to the attention."),
-    Mistake("softmax over the query axis", SelfAttentionSoftmaxQueries,
+    Mistake("mask ignored", variant(_SelfAttentionLayout, "SelfAttentionMaskIgnored", use_mask=False), "forward ignores its mask argument: pass it on to the attention."),
+    Mistake("softmax over the query axis", variant(_SelfAttentionLayout, "SelfAttentionSoftmaxQueries", dim=-2),
             "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
 )
 
 
-def _selfattn_parameters(trial) -> None:
-    got = layout(trial, (6, 4, 5))["state"]
+def _selfattn_advice(got: dict) -> str:
     expected = {"w_q.weight": (4, 6), "w_k.weight": (4, 6), "w_v.weight": (5, 6)}
-    if got != expected:
-        extra = [k for k in got if k not in expected]
-        msg = (f"SelfAttention(d_model=6, d_k=4, d_v=5) should have exactly the parameters "
-               f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
-               f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
-        if any(k.endswith(".bias") for k in extra):
-            msg += " The projections have no bias: nn.Linear(..., bias=False)."
-        if any(got.get(k) == tuple(reversed(v)) for k, v in expected.items()):
-            msg += " nn.Linear(in, out) stores its weight as (out, in)."
-        raise CheckFailed(msg)
+    advice = ""
+    if any(k.endswith(".bias") for k in got if k not in expected):
+        advice += " The projections have no bias: nn.Linear(..., bias=False)."
+    if any(got.get(k) == tuple(reversed(v)) for k, v in expected.items()):
+        advice += " nn.Linear(in, out) stores its weight as (out, in)."
+    return advice
 
 
 def _selfattn_spec() -> ItemSpec:
@@ -415,9 +378,6 @@ def _selfattn_spec() -> ItemSpec:
     )
     grad_case = _selfattn_case(140, 2, 5, 8, 4, 6, f64, True)
 
-    def gradients(trial) -> None:
-        module_gradients(trial, grad_case)
-
     return ItemSpec(
         name="SelfAttention",
         reference=ref.SelfAttention,
@@ -425,10 +385,13 @@ def _selfattn_spec() -> ItemSpec:
         output_names=("out", "weights"),
         mistakes=SELFATTN_MISTAKES,
         subchecks=(
-            SubCheck("parameters w_q, w_k, w_v with the right shapes and no bias", 1, _selfattn_parameters),
+            SubCheck("parameters w_q, w_k, w_v with the right shapes and no bias", 1,
+                     lambda t: parameter_shapes(t, (6, 4, 5), {"w_q.weight": (4, 6), "w_k.weight": (4, 6),
+                                                               "w_v.weight": (5, 6)},
+                                                "SelfAttention(d_model=6, d_k=4, d_v=5)", _selfattn_advice)),
             SubCheck("matches the reference (same weights) on a random batch", 1, compare_cases(visible)),
             SubCheck("matches with a causal mask, float64, d_model ≠ d_k ≠ d_v", 1, compare_cases(*hidden), hidden=True),
-            SubCheck("gradients reach x, w_q, w_k and w_v", 1, gradients, hidden=True),
+            SubCheck("gradients reach x, w_q, w_k and w_v", 1, lambda t: module_gradients(t, grad_case), hidden=True),
         ),
     )
 
