@@ -7,13 +7,12 @@ per position or pooled over the sequence. The attention is course_lib's
 ``RotarySelfAttention``. Notebook 06 builds the full Transformer block by block; this
 model only serves the experiments of notebooks 04 and 05.
 
-``fit`` trains any model for a number of steps on freshly generated batches (AdamW,
-cosine decay, an optional attention penalty) with :func:`course_lib.training.train`.
+``fit`` is course_lib's one training loop, :func:`course_lib.training.train`, set up for these
+experiments: AdamW, cosine decay, a fresh batch every step, an optional attention penalty.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -25,7 +24,7 @@ from .multihead import MultiHeadAttention, attention_output
 from .positional import (
     LearnedPositionalEmbedding, RelativeSelfAttention, RotarySelfAttention, SinusoidalPositionalEncoding,
 )
-from .training import train
+from .training import TrainHistory, cosine_schedule, train
 
 __all__ = ["POSITIONS", "TinyTransformer", "fit", "accuracy"]
 
@@ -144,17 +143,20 @@ def accuracy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> float
 def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: int, lr: float = 3e-3,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, weight_decay: float = 0.0,
         attention_penalty: Callable[[list[Tensor]], Tensor] | None = None,
-        progress: bool = True, desc: str = "training", num_threads: int | None = 1) -> list[float]:
-    """Train ``model`` with AdamW (cosine-decayed learning rate) on ``steps`` fresh batches.
+        progress: bool = True, desc: str = "training", num_threads: int | None = 1) -> TrainHistory:
+    """:func:`course_lib.training.train` as the experiments of notebooks 04 and 05 use it: AdamW
+    with a cosine-decayed learning rate (:func:`~course_lib.training.cosine_schedule`), a fresh
+    batch every step, on one CPU thread by default. Returns train's :class:`TrainHistory`.
 
-    ``make_batch()`` returns ``(inputs, targets)`` or ``(inputs, lengths, targets)``; the
-    model is called as ``model(inputs)`` or ``model(inputs, lengths)``. ``loss_fn(logits,
-    targets)`` defaults to cross-entropy over the last axis (ignoring index -100).
-    ``attention_penalty(weights)``, if given, is added to the loss; the model is then called
-    with ``need_weights=True`` and ``weights`` is its list of per-layer attention weights.
-    Returns the loss of every step (without the penalty). Batches are moved to the model's device.
+    ``make_batch()`` returns ``(inputs, targets)`` or ``(inputs, lengths, targets)``, moved to
+    the model's device; the model is called as ``model(inputs)`` or ``model(inputs, lengths)``.
+    ``loss_fn(logits, targets)`` defaults to cross-entropy over the last axis (ignoring index
+    -100). ``attention_penalty(weights)``, if given, is added to the loss; the model is then
+    called with ``need_weights=True`` and ``weights`` is its list of per-layer attention
+    weights; ``history.losses`` are then the losses minimised (with the penalty) and
+    ``history.evals["task loss"]`` the task loss alone, as ``(step, loss)`` pairs.
 
-    ``num_threads``: on the CPU, the number of threads torch uses while training (restored
+    ``num_threads``: the number of CPU threads torch uses while training (restored
     afterwards). The models of these notebooks are so small that one thread is fastest: more
     threads only add synchronisation, and on a busy machine they slow training down many times.
     ``None`` keeps torch's setting.
@@ -168,16 +170,16 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
     def step_loss(model: nn.Module, batch: tuple[Tensor, ...]) -> Tensor:
         *inputs, y = (t.to(device) for t in batch)
         if attention_penalty is None:
-            loss = total = task_loss(model(*inputs), y)
-        else:
-            logits, weights = model(*inputs, need_weights=True)
-            loss = task_loss(logits, y)
-            total = loss + attention_penalty(weights)
+            return task_loss(model(*inputs), y)
+        logits, weights = model(*inputs, need_weights=True)
+        loss = task_loss(logits, y)
         task_losses.append(loss.item())
-        return total
+        return loss + attention_penalty(weights)
 
-    train(model, next_batch=lambda step: make_batch(), loss_fn=step_loss, steps=steps,
-          optimizer=torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay),
-          schedule=lambda step: 0.5 * (1 + math.cos(math.pi * step / max(1, steps))),
-          progress=progress, desc=desc, num_threads=num_threads if device.type == "cpu" else None)
-    return task_losses
+    history = train(model, next_batch=lambda step: make_batch(), loss_fn=step_loss, steps=steps,
+                    optimizer=torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay),
+                    schedule=cosine_schedule(steps), progress=progress, desc=desc,
+                    num_threads=num_threads if device.type == "cpu" else None)
+    if attention_penalty is not None:
+        history.evals["task loss"] = list(enumerate(task_losses, start=1))
+    return history

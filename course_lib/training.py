@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .device import torch_threads
 
-__all__ = ["TrainHistory", "train"]
+__all__ = ["TrainHistory", "train", "cosine_schedule"]
 
 
 @dataclass
@@ -64,6 +64,12 @@ class TrainHistory:
         ax.set_title(title)
         ax.legend()
         return ax
+
+
+def cosine_schedule(steps: int) -> Callable[[int], float]:
+    """Learning-rate factor ``0.5 (1 + cos(π step / steps))`` for ``schedule=``: from 1 at the
+    first step down to 0 at the last."""
+    return lambda step: 0.5 * (1 + math.cos(math.pi * step / max(1, steps)))
 
 
 def train(model: nn.Module, next_batch: Callable[[int], Any], loss_fn: Callable[[nn.Module, Any], Tensor],

@@ -97,10 +97,23 @@ def test_fit_learns_and_restores_threads():
         return x, y
 
     history = fit(m, batch, steps=150, lr=1e-2, progress=False)
-    assert len(history) == 150 and sum(history[-10:]) / 10 < 0.5 * history[0]
+    assert history.steps == 150 and sum(history.losses[-10:]) / 10 < 0.5 * history.losses[0]
     assert torch.get_num_threads() == threads and not m.training
     x, y = batch()
     with torch.no_grad():
         assert accuracy(m(x), y) > 0.8
     with pytest.raises(ValueError, match="ignore_index"):
         accuracy(torch.zeros(2, 3), torch.full((2,), IGNORE_INDEX))
+
+
+def test_fit_with_an_attention_penalty_records_the_task_loss_apart():
+    from course_lib.training import cosine_schedule
+
+    m = TinyTransformer(10, 2, d_model=8, num_heads=2, pool="mean")
+    g = torch.Generator().manual_seed(0)
+    batch = lambda: (torch.randint(0, 10, (4, 6), generator=g), torch.randint(0, 2, (4,), generator=g))
+    history = fit(m, batch, steps=5, progress=False, attention_penalty=lambda ws: sum(w.sum() for w in ws))
+    task = [loss for _, loss in history.evals["task loss"]]
+    assert [step for step, _ in history.evals["task loss"]] == [1, 2, 3, 4, 5]
+    assert all(total > loss for total, loss in zip(history.losses, task))  # the penalty is positive
+    assert cosine_schedule(10)(0) == 1.0 and abs(cosine_schedule(10)(10)) < 1e-12
