@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +24,8 @@ from torch import nn
 
 from ... import bert as ref
 from ... import bpe as ref_bpe
-from ..properties import (compare_cases, dtype_name, generator, layout, module_inputs,
-                          randn, reference_state)
+from ..properties import (compare_cases, dtype_name, generator, ignored_get_no_gradient, layout, module_case,
+                          parameter_shapes, randn, variant)
 from ..properties import seed as salted_seed
 from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -80,7 +81,10 @@ def _merge(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _train_loop(word_counts, num_merges, choose, weighted=True, end_symbol=None):
+def _train_loop(word_counts, num_merges, choose=None, weighted=True, end_symbol=None):
+    """BPE training with ``choose(counts)`` picking the pair (default: the most frequent, ties to the
+    smallest), pairs counted per word (unless ``weighted``), an ``end_symbol`` on every word."""
+    choose = choose or _smallest_of_best
     words: dict[tuple[str, ...], int] = {}
     for word, count in word_counts.items():
         symbols = tuple(word) + ((end_symbol,) if end_symbol else ())
@@ -105,22 +109,6 @@ def _smallest_of_best(counts):
     return min(p for p, c in counts.items() if c == best)
 
 
-def bpe_train_ties_largest(word_counts, num_merges):
-    return _train_loop(word_counts, num_merges, lambda c: max(c, key=lambda p: (c[p], p)))
-
-
-def bpe_train_ties_first_seen(word_counts, num_merges):
-    return _train_loop(word_counts, num_merges, lambda c: Counter(c).most_common(1)[0][0])
-
-
-def bpe_train_unweighted(word_counts, num_merges):
-    return _train_loop(word_counts, num_merges, _smallest_of_best, weighted=False)
-
-
-def bpe_train_end_of_word(word_counts, num_merges):
-    return _train_loop(word_counts, num_merges, _smallest_of_best, end_symbol="</w>")
-
-
 def bpe_train_counted_once(word_counts, num_merges):
     words = {tuple(w): c for w, c in word_counts.items()}
     counts = _pairs(words)
@@ -130,11 +118,11 @@ def bpe_train_counted_once(word_counts, num_merges):
 TIES_HINT = ("Ties are broken the wrong way: among pairs with the same count take the lexicographically "
              "smallest pair, e.g. min(p for p, c in counts.items() if c == best).")
 BPE_TRAIN_MISTAKES = (
-    Mistake("ties to the largest pair", bpe_train_ties_largest, TIES_HINT),
-    Mistake("ties to the first pair seen", bpe_train_ties_first_seen, TIES_HINT),
-    Mistake("word frequencies ignored", bpe_train_unweighted,
+    Mistake("ties to the largest pair", partial(_train_loop, choose=lambda c: max(c, key=lambda p: (c[p], p))), TIES_HINT),
+    Mistake("ties to the first pair seen", partial(_train_loop, choose=lambda c: Counter(c).most_common(1)[0][0]), TIES_HINT),
+    Mistake("word frequencies ignored", partial(_train_loop, weighted=False),
             "Pairs are counted once per distinct word: add each word's count to the count of every pair in it."),
-    Mistake("end-of-word symbol", bpe_train_end_of_word,
+    Mistake("end-of-word symbol", partial(_train_loop, end_symbol="</w>"),
             "Your merges involve an end-of-word symbol: here words start as their characters only, with no '</w>'."),
     Mistake("pairs counted once", bpe_train_counted_once,
             "The pair counts are computed only once: after every merge, merge the pair inside every word and "
@@ -503,30 +491,23 @@ def _nsp_build(a, b, cls_id, sep_id, seg_a_end, seg_b_end, final_sep=True):
     return torch.tensor(ids, dtype=torch.long), torch.tensor(seg, dtype=torch.long)
 
 
-def nsp_first_sep_in_b(tokens_a, tokens_b, cls_id, sep_id):
-    return _nsp_build(list(tokens_a), list(tokens_b), cls_id, sep_id, 1, 1)
+def _nsp(seg_a_end=0, seg_b_end=1, final_sep=True, swapped=False):
+    """A wrong BERT input: the [SEP]s in the wrong segments, no final [SEP], the segments swapped."""
 
+    def make_nsp_input(tokens_a, tokens_b, cls_id, sep_id):
+        ids, seg = _nsp_build(list(tokens_a), list(tokens_b), cls_id, sep_id, seg_a_end, seg_b_end, final_sep)
+        return ids, (1 - seg if swapped else seg)
 
-def nsp_last_sep_in_a(tokens_a, tokens_b, cls_id, sep_id):
-    return _nsp_build(list(tokens_a), list(tokens_b), cls_id, sep_id, 0, 0)
-
-
-def nsp_no_final_sep(tokens_a, tokens_b, cls_id, sep_id):
-    return _nsp_build(list(tokens_a), list(tokens_b), cls_id, sep_id, 0, 1, final_sep=False)
-
-
-def nsp_segments_swapped(tokens_a, tokens_b, cls_id, sep_id):
-    ids, seg = _nsp_build(list(tokens_a), list(tokens_b), cls_id, sep_id, 0, 1)
-    return ids, 1 - seg
+    return make_nsp_input
 
 
 SEP_HINT = ("Segment ids are wrong around [SEP]: the first [SEP] closes sentence A and belongs to segment 0; "
             "the last [SEP] closes B and belongs to segment 1.")
 NSP_INPUT_MISTAKES = (
-    Mistake("first [SEP] in segment 1", nsp_first_sep_in_b, SEP_HINT),
-    Mistake("last [SEP] in segment 0", nsp_last_sep_in_a, SEP_HINT),
-    Mistake("no final [SEP]", nsp_no_final_sep, "The input must end with a [SEP] after B: [CLS] A [SEP] B [SEP]."),
-    Mistake("segments swapped", nsp_segments_swapped,
+    Mistake("first [SEP] in segment 1", _nsp(seg_a_end=1), SEP_HINT),
+    Mistake("last [SEP] in segment 0", _nsp(seg_b_end=0), SEP_HINT),
+    Mistake("no final [SEP]", _nsp(final_sep=False), "The input must end with a [SEP] after B: [CLS] A [SEP] B [SEP]."),
+    Mistake("segments swapped", _nsp(swapped=True),
             "The segments are swapped: [CLS], A and the first [SEP] are segment 0; B and the last [SEP] segment 1."),
 )
 
@@ -553,31 +534,23 @@ def _nsp_input_spec() -> ItemSpec:
 # BertEmbeddings
 # ---------------------------------------------------------------------------
 
-def _emb_state(dims: tuple[int, int, int]) -> dict[str, torch.Tensor]:
-    """The weights the grader ships for BertEmbeddings(*dims) (grader side): the
-    reference's initialisation from the salted seed, with non-trivial LayerNorm
-    parameters; the global random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(salted_seed(700 + sum(dims)))
-        module = ref.BertEmbeddings(*dims)
-        with torch.no_grad():
-            module.norm.weight.uniform_(0.5, 1.5)
-            module.norm.bias.uniform_(-0.5, 0.5)
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+def _emb_norm(module: nn.Module) -> None:
+    """``adjust``: non-trivial LayerNorm parameters."""
+    module.norm.weight.uniform_(0.5, 1.5)
+    module.norm.bias.uniform_(-0.5, 0.5)
 
 
 def _emb_case(seed: int, B: int, T: int, vocab: int, d: int, max_len: int, dtype: torch.dtype) -> Case:
-    def make(device: torch.device) -> dict:
-        dims = (vocab, d, max_len)
+    def inputs(device: torch.device) -> dict:
         g = generator(seed)
         ids = torch.randint(vocab, (B, T), generator=g)
         split = torch.randint(1, T, (B,), generator=g)
-        seg = (torch.arange(T)[None, :] >= split[:, None]).long()
-        return module_inputs(dims, _emb_state(dims), device, dtype, input_ids=ids.to(device),
-                             segment_ids=seg.to(device))
+        return {"input_ids": ids.to(device), "segment_ids": (torch.arange(T)[None, :] >= split[:, None]).long().to(device)}
 
-    return Case(f"BertEmbeddings(vocab_size={vocab}, d_model={d}, max_len={max_len}) on ids ({B}, {T}) "
-                f"with two segments, {dtype_name(dtype)}", make)
+    dims = (vocab, d, max_len)
+    return module_case(f"BertEmbeddings(vocab_size={vocab}, d_model={d}, max_len={max_len}) on ids ({B}, {T}) "
+                       f"with two segments, {dtype_name(dtype)}", ref.BertEmbeddings, dims, 700 + sum(dims), dtype,
+                       inputs, _emb_norm)
 
 
 # The submodules BertEmbeddings must have, with the torch class each must be an instance of.
@@ -592,36 +565,23 @@ class _EmbLayout(nn.Module):
         self.segment = nn.Embedding(num_segments, d_model)
         self.norm = nn.LayerNorm(d_model)
 
-    def _pos(self, input_ids):
-        return self.position(torch.arange(input_ids.size(1), device=input_ids.device))
-
-
-class EmbNoNorm(_EmbLayout):
-    def forward(self, input_ids, segment_ids):
-        return self.token(input_ids) + self._pos(input_ids) + self.segment(segment_ids)
-
-
-class EmbNoSegment(_EmbLayout):
-    def forward(self, input_ids, segment_ids):
-        return self.norm(self.token(input_ids) + self._pos(input_ids))
-
-
-class EmbNoPosition(_EmbLayout):
-    def forward(self, input_ids, segment_ids):
-        return self.norm(self.token(input_ids) + self.segment(segment_ids))
-
-
-class EmbNormTokenOnly(_EmbLayout):
-    def forward(self, input_ids, segment_ids):
-        return self.norm(self.token(input_ids)) + self._pos(input_ids) + self.segment(segment_ids)
+    def run(self, input_ids, segment_ids, norm=True, segment=True, position=True, norm_token_only=False):
+        x = self.token(input_ids)
+        if norm_token_only:
+            x = self.norm(x)
+        if position:
+            x = x + self.position(torch.arange(input_ids.size(1), device=input_ids.device))
+        if segment:
+            x = x + self.segment(segment_ids)
+        return self.norm(x) if norm and not norm_token_only else x
 
 
 EMB_MISTAKES = (
-    Mistake("no LayerNorm", EmbNoNorm, "The LayerNorm is missing: return self.norm(token + position + segment)."),
-    Mistake("no segment embedding", EmbNoSegment, "The segment embedding is not added: add self.segment(segment_ids)."),
-    Mistake("no position embedding", EmbNoPosition,
+    Mistake("no LayerNorm", variant(_EmbLayout, "EmbNoNorm", norm=False), "The LayerNorm is missing: return self.norm(token + position + segment)."),
+    Mistake("no segment embedding", variant(_EmbLayout, "EmbNoSegment", segment=False), "The segment embedding is not added: add self.segment(segment_ids)."),
+    Mistake("no position embedding", variant(_EmbLayout, "EmbNoPosition", position=False),
             "The position embedding is not added: add self.position(torch.arange(T)) (positions 0..T-1)."),
-    Mistake("LayerNorm on the token embedding only", EmbNormTokenOnly,
+    Mistake("LayerNorm on the token embedding only", variant(_EmbLayout, "EmbNormTokenOnly", norm_token_only=True),
             "The LayerNorm is applied to the token embedding alone: apply it to the sum of the three embeddings."),
 )
 
@@ -712,24 +672,6 @@ MLM_LOSS_MISTAKES = (
 )
 
 
-def _loss_gradient(trial) -> None:
-    case = _loss_case(820, 2, 6, 9, f64)
-    inputs = case.make(trial.device)
-    asked = {**case.make(trial.device), "_grads": {"names": ["logits"], "index": None, "reduce": "sum"}}
-    out = trial.student(asked, case.label, probe="gradients")
-    out = out if isinstance(out, dict) else {}
-    loss = out.get("output")
-    shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else None
-    out = {"grad": (out.get("grads") or {}).get("logits")}
-    if shape != ():
-        raise CheckFailed(f"On {case.label}: the loss should be a scalar (0-dim tensor), got shape {shape}.")
-    unselected = (inputs["labels"] == -100).cpu()
-    grad = out.get("grad")
-    if (not isinstance(grad, torch.Tensor) or grad.shape != inputs["logits"].shape
-            or bool((grad.cpu()[unselected] != 0).any())):  # NaN != 0 too
-        raise CheckFailed(f"On {case.label}: positions labelled -100 must get no gradient; yours do.")
-
-
 def _mlm_loss_spec() -> ItemSpec:
     return ItemSpec(
         name="mlm_loss",
@@ -739,7 +681,8 @@ def _mlm_loss_spec() -> ItemSpec:
             SubCheck("matches the reference on a random batch", 1, compare_cases(_loss_case(800, 2, 8, 11, f32))),
             SubCheck("other shapes, float64, one selected position; gradients only at selected positions", 1,
                      lambda t: (t.compare([_loss_case(810, 4, 12, 30, f64, 0.5), _loss_case(811, 1, 5, 7, f32, 0.0)]),
-                                _loss_gradient(t)), hidden=True),
+                                ignored_get_no_gradient(_loss_case(820, 2, 6, 9, f64), lambda inputs: inputs["labels"] == -100,
+                                                        "positions labelled -100")(t)), hidden=True),
         ),
     )
 
@@ -749,12 +692,8 @@ def _mlm_loss_spec() -> ItemSpec:
 # ---------------------------------------------------------------------------
 
 def _nsp_case(seed: int, B: int, T: int, d: int, dtype: torch.dtype) -> Case:
-    def make(device: torch.device) -> dict:
-        dims = (d,)
-        return module_inputs(dims, reference_state(ref.NSPHead, dims, 900 + d), device, dtype,
-                             hidden=randn((B, T, d), seed, dtype, device))
-
-    return Case(f"NSPHead(d_model={d}) on hidden ({B}, {T}, {d}) {dtype_name(dtype)}", make)
+    return module_case(f"NSPHead(d_model={d}) on hidden ({B}, {T}, {d}) {dtype_name(dtype)}", ref.NSPHead, (d,), 900 + d,
+                       dtype, lambda device: {"hidden": randn((B, T, d), seed, dtype, device)})
 
 
 class _NSPLayout(nn.Module):
@@ -763,49 +702,21 @@ class _NSPLayout(nn.Module):
         self.pooler = nn.Linear(d_model, d_model)
         self.classifier = nn.Linear(d_model, 2)
 
-
-class NSPLastPosition(_NSPLayout):
-    def forward(self, hidden):
-        return self.classifier(torch.tanh(self.pooler(hidden[:, -1])))
-
-
-class NSPMeanPooled(_NSPLayout):
-    def forward(self, hidden):
-        return self.classifier(torch.tanh(self.pooler(hidden.mean(1))))
-
-
-class NSPNoTanh(_NSPLayout):
-    def forward(self, hidden):
-        return self.classifier(self.pooler(hidden[:, 0]))
-
-
-class NSPProbabilities(_NSPLayout):
-    def forward(self, hidden):
-        return torch.softmax(self.classifier(torch.tanh(self.pooler(hidden[:, 0]))), dim=-1)
+    def run(self, hidden, pool=lambda h: h[:, 0], tanh=True, probabilities=False):
+        pooled = self.pooler(pool(hidden))
+        logits = self.classifier(torch.tanh(pooled) if tanh else pooled)
+        return torch.softmax(logits, dim=-1) if probabilities else logits
 
 
 NSP_MISTAKES = (
-    Mistake("pooled from the last position", NSPLastPosition,
+    Mistake("pooled from the last position", variant(_NSPLayout, "NSPLastPosition", pool=lambda h: h[:, -1]),
             "NSP is pooled from the wrong position: read the [CLS] state at position 0, hidden[:, 0]."),
-    Mistake("mean-pooled", NSPMeanPooled,
+    Mistake("mean-pooled", variant(_NSPLayout, "NSPMeanPooled", pool=lambda h: h.mean(1)),
             "The head averages over all positions: BERT's NSP reads only the [CLS] state, hidden[:, 0]."),
-    Mistake("no tanh", NSPNoTanh, "The pooler's tanh is missing: classifier(tanh(pooler(hidden[:, 0])))."),
-    Mistake("probabilities returned", NSPProbabilities,
+    Mistake("no tanh", variant(_NSPLayout, "NSPNoTanh", tanh=False), "The pooler's tanh is missing: classifier(tanh(pooler(hidden[:, 0])))."),
+    Mistake("probabilities returned", variant(_NSPLayout, "NSPProbabilities", probabilities=True),
             "You return probabilities: return the logits (no softmax); the cross-entropy applies it."),
 )
-
-
-def _nsp_parameters(trial) -> None:
-    described = trial.student({"args": (6,), "attrs": []}, "NSPHead(6)", probe="layout")
-    if not isinstance(described, dict) or not described.get("module"):
-        kind = described.get("type") if isinstance(described, dict) else _type_name(described)
-        raise CheckFailed(f"NSPHead(6) should construct an nn.Module, got {kind}.")
-    expected = {"pooler.weight": (6, 6), "pooler.bias": (6,), "classifier.weight": (2, 6), "classifier.bias": (2,)}
-    got = described.get("state") or {}
-    if got != expected:
-        raise CheckFailed("NSPHead(d_model=6) should have exactly the parameters "
-                          f"{', '.join(f'{k} {v}' for k, v in expected.items())}; yours: "
-                          f"{', '.join(f'{k} {v}' for k, v in got.items()) or 'none'}.")
 
 
 def _nsp_spec() -> ItemSpec:
@@ -815,7 +726,10 @@ def _nsp_spec() -> ItemSpec:
         invoke=Invoke(module=True, forward=("hidden",)),
         mistakes=NSP_MISTAKES,
         subchecks=(
-            SubCheck("parameters pooler = nn.Linear(d, d) and classifier = nn.Linear(d, 2)", 1, _nsp_parameters),
+            SubCheck("parameters pooler = nn.Linear(d, d) and classifier = nn.Linear(d, 2)", 1,
+                     lambda t: parameter_shapes(t, (6,), {"pooler.weight": (6, 6), "pooler.bias": (6,),
+                                                          "classifier.weight": (2, 6), "classifier.bias": (2,)},
+                                                "NSPHead(d_model=6)", label="NSPHead(6)")),
             SubCheck("matches the reference (same weights) on a random batch", 1, compare_cases(_nsp_case(910, 3, 5, 8, f32))),
             SubCheck("other sizes, one-token sequences, float64", 1,
                      compare_cases(_nsp_case(920, 2, 9, 16, f64), _nsp_case(930, 4, 1, 4, f32)), hidden=True),

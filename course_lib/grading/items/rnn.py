@@ -48,46 +48,29 @@ def _hand_step_case() -> Case:
     return Case("the hand example x_t (2, 2), h_prev (2, 3), W_xh (3, 2), W_hh (3, 3) (from the notebook)", make)
 
 
-def step_no_tanh(x_t, h_prev, W_xh, W_hh, b_h):
-    return h_prev @ W_hh.T + x_t @ W_xh.T + b_h
+def _step(act=torch.tanh, whh_t=True, wxh_t=True, bias=True, recurrence=True):
+    """A wrong RNN step: another activation (None: none), a weight used untransposed, no bias, no h_prev."""
 
+    def step(x_t, h_prev, W_xh, W_hh, b_h):
+        z = (h_prev @ (W_hh.T if whh_t else W_hh) if recurrence else 0) + x_t @ (W_xh.T if wxh_t else W_xh)
+        z = z + b_h if bias else z
+        return act(z) if act else z
 
-def step_whh_transposed(x_t, h_prev, W_xh, W_hh, b_h):
-    return torch.tanh(h_prev @ W_hh + x_t @ W_xh.T + b_h)
-
-
-def step_wxh_transposed(x_t, h_prev, W_xh, W_hh, b_h):
-    return torch.tanh(h_prev @ W_hh.T + x_t @ W_xh + b_h)
-
-
-def step_no_bias(x_t, h_prev, W_xh, W_hh, b_h):
-    return torch.tanh(h_prev @ W_hh.T + x_t @ W_xh.T)
-
-
-def step_no_recurrence(x_t, h_prev, W_xh, W_hh, b_h):
-    return torch.tanh(x_t @ W_xh.T + b_h)
-
-
-def step_sigmoid(x_t, h_prev, W_xh, W_hh, b_h):
-    return torch.sigmoid(h_prev @ W_hh.T + x_t @ W_xh.T + b_h)
-
-
-def step_relu(x_t, h_prev, W_xh, W_hh, b_h):
-    return torch.relu(h_prev @ W_hh.T + x_t @ W_xh.T + b_h)
+    return step
 
 
 STEP_MISTAKES = (
-    Mistake("missing tanh", step_no_tanh,
+    Mistake("missing tanh", _step(act=None),
             "The non-linearity is missing: apply torch.tanh to W_hh h_prev + W_xh x_t + b_h."),
-    Mistake("W_hh transposed", step_whh_transposed,
+    Mistake("W_hh transposed", _step(whh_t=False),
             "W_hh is used transposed: with batch-first rows, W_hh h_{t-1} is h_prev @ W_hh.T (not h_prev @ W_hh)."),
-    Mistake("W_xh transposed", step_wxh_transposed,
+    Mistake("W_xh transposed", _step(wxh_t=False),
             "W_xh is used transposed: W_xh has shape (H, D_in), so W_xh x_t is x_t @ W_xh.T."),
-    Mistake("bias missing", step_no_bias, "The bias b_h is missing: add it inside the tanh."),
-    Mistake("no recurrence", step_no_recurrence,
+    Mistake("bias missing", _step(bias=False), "The bias b_h is missing: add it inside the tanh."),
+    Mistake("no recurrence", _step(recurrence=False),
             "h_prev has no effect on your result: add the recurrent term h_prev @ W_hh.T inside the tanh."),
-    Mistake("sigmoid instead of tanh", step_sigmoid, "You used a sigmoid: the vanilla RNN uses torch.tanh."),
-    Mistake("ReLU instead of tanh", step_relu, "You used a ReLU: the vanilla RNN uses torch.tanh."),
+    Mistake("sigmoid instead of tanh", _step(act=torch.sigmoid), "You used a sigmoid: the vanilla RNN uses torch.tanh."),
+    Mistake("ReLU instead of tanh", _step(act=torch.relu), "You used a ReLU: the vanilla RNN uses torch.tanh."),
 )
 
 
@@ -126,77 +109,39 @@ def _forward_case(seed: int, B: int, T: int, d_in: int, H: int, dtype: torch.dty
     return Case(f"X ({B}, {T}, {d_in}), h0 ({B}, {H}) {dtype_name(dtype)}, {h0}", make)
 
 
-def _tanh_step(x, h, W_xh, W_hh, b_h):
-    return torch.tanh(h @ W_hh.T + x @ W_xh.T + b_h)
+def _forward(step=_step(), carry=True, dim=1, last_only=False, before=False, reverse=False):
+    """A wrong loop over time: the state not carried, stacked on ``dim``, only the last one, the
+    states before each step, time reversed."""
 
+    def forward(X, h0, W_xh, W_hh, b_h):
+        h, out = h0, []
+        for t in (reversed(range(X.shape[1])) if reverse else range(X.shape[1])):
+            if before:
+                out.append(h)
+            h = step(X[:, t], h if carry else h0, W_xh, W_hh, b_h)
+            if not before:
+                out.append(h)
+        return h if last_only else torch.stack(out, dim=dim)
 
-def forward_state_not_carried(X, h0, W_xh, W_hh, b_h):
-    return torch.stack([_tanh_step(X[:, t], h0, W_xh, W_hh, b_h) for t in range(X.shape[1])], dim=1)
-
-
-def forward_time_first(X, h0, W_xh, W_hh, b_h):
-    h, out = h0, []
-    for t in range(X.shape[1]):
-        h = _tanh_step(X[:, t], h, W_xh, W_hh, b_h)
-        out.append(h)
-    return torch.stack(out, dim=0)
-
-
-def forward_last_only(X, h0, W_xh, W_hh, b_h):
-    h = h0
-    for t in range(X.shape[1]):
-        h = _tanh_step(X[:, t], h, W_xh, W_hh, b_h)
-    return h
-
-
-def forward_previous_states(X, h0, W_xh, W_hh, b_h):
-    h, out = h0, []
-    for t in range(X.shape[1]):
-        out.append(h)
-        h = _tanh_step(X[:, t], h, W_xh, W_hh, b_h)
-    return torch.stack(out, dim=1)
-
-
-def forward_no_tanh(X, h0, W_xh, W_hh, b_h):
-    h, out = h0, []
-    for t in range(X.shape[1]):
-        h = h @ W_hh.T + X[:, t] @ W_xh.T + b_h
-        out.append(h)
-    return torch.stack(out, dim=1)
-
-
-def forward_whh_transposed(X, h0, W_xh, W_hh, b_h):
-    h, out = h0, []
-    for t in range(X.shape[1]):
-        h = torch.tanh(h @ W_hh + X[:, t] @ W_xh.T + b_h)
-        out.append(h)
-    return torch.stack(out, dim=1)
-
-
-def forward_reversed_time(X, h0, W_xh, W_hh, b_h):
-    h, out = h0, []
-    for t in reversed(range(X.shape[1])):
-        h = _tanh_step(X[:, t], h, W_xh, W_hh, b_h)
-        out.append(h)
-    return torch.stack(out, dim=1)
+    return forward
 
 
 FORWARD_MISTAKES = (
-    Mistake("hidden state not carried", forward_state_not_carried,
+    Mistake("hidden state not carried", _forward(carry=False),
             "The hidden state is not carried between steps: every step starts again from h0. "
             "Update h = rnn_step(X[:, t], h, ...) and feed that h into the next step."),
-    Mistake("time axis first", forward_time_first,
+    Mistake("time axis first", _forward(dim=0),
             "The states are stacked along a new first axis, giving (T, B, H): stack along dim=1 to return (B, T, H)."),
-    Mistake("last state only", forward_last_only,
+    Mistake("last state only", _forward(last_only=True),
             "You returned only the last hidden state: return every state h_1..h_T, stacked into (B, T, H)."),
-    Mistake("states shifted by one", forward_previous_states,
+    Mistake("states shifted by one", _forward(before=True),
             "Your states are shifted by one step: output t must be the state after reading X[:, t] "
             "(h_1..h_T), not before it (h_0..h_{T-1})."),
-    Mistake("missing tanh", forward_no_tanh,
+    Mistake("missing tanh", _forward(_step(act=None)),
             "The non-linearity is missing: each step is h_t = tanh(W_hh h_{t-1} + W_xh x_t + b_h)."),
-    Mistake("W_hh transposed", forward_whh_transposed,
+    Mistake("W_hh transposed", _forward(_step(whh_t=False)),
             "W_hh is used transposed: with batch-first rows, W_hh h_{t-1} is h @ W_hh.T."),
-    Mistake("time reversed", forward_reversed_time,
+    Mistake("time reversed", _forward(reverse=True),
             "The sequence is read backwards: loop over t = 0, 1, ..., T-1."),
 )
 
@@ -264,54 +209,36 @@ def _product_norms(hs, W_hh, factor, norm=torch.linalg.norm):
     return torch.stack(norms[::-1])
 
 
-def jac_no_tanh_derivative(X, h0, W_xh, W_hh, b_h):
-    hs = _states(X, h0, W_xh, W_hh, b_h)
-    return _product_norms(hs, W_hh, lambda t: W_hh)
+def _jac(factor=lambda hs, W_hh, t: torch.diag(1 - hs[t] ** 2) @ W_hh, norm=torch.linalg.norm, drop_identity=False,
+         with_h0=False):
+    """Wrong Jacobian norms: another factor ∂h_{t+1}/∂h_t (from the states and W_hh), another norm,
+    the identity dropped, h0 included."""
 
+    def norms(X, h0, W_xh, W_hh, b_h):
+        hs = ([h0] if with_h0 else []) + _states(X, h0, W_xh, W_hh, b_h)
+        out = _product_norms(hs, W_hh, lambda t: factor(hs, W_hh, t), norm)
+        return out[:-1] if drop_identity else out
 
-def jac_derivative_wrong_step(X, h0, W_xh, W_hh, b_h):
-    hs = _states(X, h0, W_xh, W_hh, b_h)
-    return _product_norms(hs, W_hh, lambda t: torch.diag(1 - hs[t - 1] ** 2) @ W_hh)
-
-
-def jac_tanh_not_derivative(X, h0, W_xh, W_hh, b_h):
-    hs = _states(X, h0, W_xh, W_hh, b_h)
-    return _product_norms(hs, W_hh, lambda t: torch.diag(torch.tanh(hs[t])) @ W_hh)
-
-
-def jac_spectral_norm(X, h0, W_xh, W_hh, b_h):
-    hs = _states(X, h0, W_xh, W_hh, b_h)
-    return _product_norms(hs, W_hh, lambda t: torch.diag(1 - hs[t] ** 2) @ W_hh,
-                          norm=lambda J: torch.linalg.matrix_norm(J, ord=2))
-
-
-def jac_without_identity(X, h0, W_xh, W_hh, b_h):
-    hs = _states(X, h0, W_xh, W_hh, b_h)
-    return _product_norms(hs, W_hh, lambda t: torch.diag(1 - hs[t] ** 2) @ W_hh)[:-1]
-
-
-def jac_with_h0(X, h0, W_xh, W_hh, b_h):
-    hs = [h0] + _states(X, h0, W_xh, W_hh, b_h)
-    return _product_norms(hs, W_hh, lambda t: torch.diag(1 - hs[t] ** 2) @ W_hh)
+    return norms
 
 
 JACOBIAN_MISTAKES = (
     Mistake("order reversed", jac_reversed,
             "Your norms are in reverse order: entry t-1 must be ‖∂h_T/∂h_t‖ for t = 1..T, so the last entry is "
             "the identity's norm √H."),
-    Mistake("tanh derivative missing", jac_no_tanh_derivative,
+    Mistake("tanh derivative missing", _jac(lambda hs, W_hh, t: W_hh),
             "The tanh derivative is missing: ∂h_{t+1}/∂h_t = diag(1 - h_{t+1}²) W_hh, not W_hh alone."),
-    Mistake("tanh derivative at the wrong step", jac_derivative_wrong_step,
+    Mistake("tanh derivative at the wrong step", _jac(lambda hs, W_hh, t: torch.diag(1 - hs[t - 1] ** 2) @ W_hh),
             "The tanh derivative is taken at the wrong step: ∂h_{t+1}/∂h_t uses 1 - h_{t+1}² (the state the "
             "step produces), not 1 - h_t²."),
-    Mistake("tanh instead of its derivative", jac_tanh_not_derivative,
+    Mistake("tanh instead of its derivative", _jac(lambda hs, W_hh, t: torch.diag(torch.tanh(hs[t])) @ W_hh),
             "You used tanh(h) where its derivative belongs: since h_{t+1} = tanh(a), ∂h_{t+1}/∂a = 1 - h_{t+1}²."),
-    Mistake("spectral norm", jac_spectral_norm,
+    Mistake("spectral norm", _jac(norm=lambda J: torch.linalg.matrix_norm(J, ord=2)),
             "You computed the spectral norm (largest singular value); the Frobenius norm is asked for: "
             "torch.linalg.norm(J) (the default for a matrix)."),
-    Mistake("identity dropped", jac_without_identity,
+    Mistake("identity dropped", _jac(drop_identity=True),
             "One entry is missing: include t = T, where ∂h_T/∂h_T is the identity (norm √H), for T entries in all."),
-    Mistake("h0 included", jac_with_h0,
+    Mistake("h0 included", _jac(with_h0=True),
             "You returned T + 1 entries: the norms are for t = 1..T (not for h0), so there are T of them."),
 )
 

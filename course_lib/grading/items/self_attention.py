@@ -68,83 +68,48 @@ def _finish(scores, v, mask, dim=-1):
     return w @ v, w
 
 
-def sdpa_softmax_over_queries(q, k, v, mask=None):
-    return _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, mask, dim=-2)
+def _sdpa(scale=lambda q, k, v: math.sqrt(q.size(-1)), mask_as="-inf", dim=-1, transposed=False, swapped=False):
+    """A wrong attention: the scores divided by ``scale(q, k, v)`` (None: not scaled), the mask
+    filled with -inf, inverted, ignored ("none"), applied "after" the softmax or filled with "0",
+    the softmax over ``dim``, the weights transposed, the outputs swapped."""
 
+    def sdpa(q, k, v, mask=None):
+        s = _scores(q, k) / scale(q, k, v) if scale else _scores(q, k)
+        if mask is not None and mask_as in ("-inf", "inverted", "0"):
+            s = s.masked_fill(mask if mask_as == "inverted" else ~mask, 0.0 if mask_as == "0" else float("-inf"))
+        w = torch.softmax(s, dim=dim)
+        if mask is not None and mask_as == "after":
+            w = w * mask
+        out, w = w @ v, (w.transpose(-2, -1) if transposed else w)
+        return (w, out) if swapped else (out, w)
 
-def sdpa_no_scale(q, k, v, mask=None):
-    return _finish(_scores(q, k), v, mask)
-
-
-def sdpa_scale_by_d(q, k, v, mask=None):
-    return _finish(_scores(q, k) / q.size(-1), v, mask)
-
-
-def sdpa_scale_by_dv(q, k, v, mask=None):
-    return _finish(_scores(q, k) / math.sqrt(v.size(-1)), v, mask)
-
-
-def sdpa_scale_by_tk(q, k, v, mask=None):
-    return _finish(_scores(q, k) / math.sqrt(k.size(-2)), v, mask)
-
-
-def sdpa_mask_inverted(q, k, v, mask=None):
-    return _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, None if mask is None else ~mask)
-
-
-def sdpa_mask_ignored(q, k, v, mask=None):
-    return _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, None)
-
-
-def sdpa_mask_after_softmax(q, k, v, mask=None):
-    w = torch.softmax(_scores(q, k) / math.sqrt(q.size(-1)), dim=-1)
-    if mask is not None:
-        w = w * mask
-    return w @ v, w
-
-
-def sdpa_mask_fill_zero(q, k, v, mask=None):
-    s = _scores(q, k) / math.sqrt(q.size(-1))
-    if mask is not None:
-        s = s.masked_fill(~mask, 0.0)
-    w = torch.softmax(s, dim=-1)
-    return w @ v, w
-
-
-def sdpa_weights_transposed(q, k, v, mask=None):
-    out, w = _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, mask)
-    return out, w.transpose(-2, -1)
-
-
-def sdpa_swapped_outputs(q, k, v, mask=None):
-    out, w = _finish(_scores(q, k) / math.sqrt(q.size(-1)), v, mask)
-    return w, out
+    return sdpa
 
 
 SDPA_MISTAKES = (
-    Mistake("softmax over the query axis", sdpa_softmax_over_queries,
+    Mistake("softmax over the query axis", _sdpa(dim=-2),
             "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
-    Mistake("no scaling", sdpa_no_scale,
+    Mistake("no scaling", _sdpa(scale=None),
             "The scores are not scaled: divide q kᵀ by √d_k, with d_k = q.size(-1)."),
-    Mistake("scaled by d_k", sdpa_scale_by_d,
+    Mistake("scaled by d_k", _sdpa(scale=lambda q, k, v: q.size(-1)),
             "The scores are divided by d_k instead of √d_k: use math.sqrt(q.size(-1))."),
-    Mistake("scaled by √d_v", sdpa_scale_by_dv,
+    Mistake("scaled by √d_v", _sdpa(scale=lambda q, k, v: math.sqrt(v.size(-1))),
             "The scores are divided by √d_v (from v) instead of √d_k (the size of queries and keys): use q.size(-1)."),
-    Mistake("scaled by √T_k", sdpa_scale_by_tk,
+    Mistake("scaled by √T_k", _sdpa(scale=lambda q, k, v: math.sqrt(k.size(-2))),
             "The scores are divided by the square root of the number of keys, not of the key dimension d_k = q.size(-1)."),
-    Mistake("mask inverted", sdpa_mask_inverted,
+    Mistake("mask inverted", _sdpa(mask_as="inverted"),
             "Your mask is inverted: True means 'may attend', so fill the scores where the mask is False (~mask)."),
-    Mistake("mask ignored", sdpa_mask_ignored,
+    Mistake("mask ignored", _sdpa(mask_as="none"),
             "The mask has no effect: set the scores of disallowed positions to -inf before the softmax."),
-    Mistake("mask after softmax", sdpa_mask_after_softmax,
+    Mistake("mask after softmax", _sdpa(mask_as="after"),
             "The mask is applied after the softmax, so the remaining weights no longer sum to 1: "
             "mask the scores (with -inf) before the softmax instead."),
-    Mistake("masked scores filled with 0", sdpa_mask_fill_zero,
+    Mistake("masked scores filled with 0", _sdpa(mask_as="0"),
             "Masked scores are set to 0, but exp(0) = 1 still gives them weight: fill them with float('-inf')."),
-    Mistake("weights transposed", sdpa_weights_transposed,
+    Mistake("weights transposed", _sdpa(transposed=True),
             "The output is right but the weights are transposed: return weights with shape (..., T_q, T_k), "
             "one row per query."),
-    Mistake("outputs swapped", sdpa_swapped_outputs,
+    Mistake("outputs swapped", _sdpa(swapped=True),
             "You returned (weights, output): return (output, weights)."),
 )
 
@@ -190,36 +155,27 @@ def _causal_case(T: int) -> Case:
     return Case(f"T = {T}", lambda device: {"T": T, "device": device})
 
 
-def causal_upper(T, device=None):
-    return torch.ones(T, T, dtype=torch.bool, device=device).triu()
+def _causal(dtype=torch.bool, upper=False, offset=0, inverted=False):
+    """A wrong causal mask: the upper triangle, the diagonal excluded (``offset=-1``), inverted, not boolean."""
 
+    def causal_mask(T, device=None):
+        ones = torch.ones(T, T, dtype=dtype, device=device)
+        mask = ones.triu() if upper else ones.tril(offset)
+        return ~mask if inverted else mask
 
-def causal_strict(T, device=None):
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
-
-
-def causal_inverted(T, device=None):
-    return ~torch.ones(T, T, dtype=torch.bool, device=device).tril()
-
-
-def causal_float(T, device=None):
-    return torch.ones(T, T, device=device).tril()
-
-
-def causal_int(T, device=None):
-    return torch.ones(T, T, dtype=torch.long, device=device).tril()
+    return causal_mask
 
 
 CAUSAL_MISTAKES = (
-    Mistake("upper triangle", causal_upper,
+    Mistake("upper triangle", _causal(upper=True),
             "Your mask lets each query see the future (True above the diagonal): use torch.tril, so query i sees keys 0..i."),
-    Mistake("diagonal excluded", causal_strict,
+    Mistake("diagonal excluded", _causal(offset=-1),
             "The diagonal is False: a token may attend to itself, so use tril() without an offset."),
-    Mistake("inverted", causal_inverted,
+    Mistake("inverted", _causal(inverted=True),
             "Your mask is inverted: True must mean 'may attend' (on and below the diagonal)."),
-    Mistake("float mask", causal_float,
+    Mistake("float mask", _causal(dtype=None),
             "Return a boolean mask (dtype=torch.bool), not floats: True means 'may attend'."),
-    Mistake("integer mask", causal_int,
+    Mistake("integer mask", _causal(dtype=torch.long),
             "Return a boolean mask (dtype=torch.bool), not integers: True means 'may attend'."),
 )
 
