@@ -12,6 +12,9 @@
                                               (--names: show student ids; default: numbered)
     workbook formgrader [ASSIGNMENT]          grade the written answers in nbgrader's Formgrader
                                               (JupyterLab options pass through: --port 8899)
+    workbook scheduler [OPTIONS]              a Dask scheduler for grading on many machines
+    workbook worker ADDRESS [OPTIONS]         a Dask worker of this course (`dask worker`'s options
+                                              pass through: --nworkers 2 --nthreads 1)
 
 Run inside the course folder (the one with nbgrader_config.py) or pass --course.
 """
@@ -107,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("formgrader", help="grade the written answers in nbgrader's Formgrader (opens JupyterLab; "
                                           "JupyterLab options such as --port or --no-browser pass through)")
     p.add_argument("assignment", nargs="?", help="open on this assignment's submissions")
+
+    sub.add_parser("scheduler", help="start a Dask scheduler for `autograde --scheduler` (`dask scheduler`'s "
+                                     "options pass through), with settings that leave the cores to grading")
+    p = sub.add_parser("worker", help="start a Dask worker that grades with this course (`dask worker`'s options "
+                                      "pass through: --nworkers 2 --nthreads 1)")
+    p.add_argument("address", help="the scheduler, e.g. tcp://10.0.0.5:8786")
     return parser
 
 
@@ -248,8 +257,16 @@ def _due(course: Course, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "formgrader":  # only Formgrader passes options on (to JupyterLab)
+    if extra and args.command not in ("formgrader", "scheduler", "worker"):  # these pass options on
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command in ("scheduler", "worker"):
+        from .cluster import exec_dask
+        try:
+            course = (Course(args.course) if args.course else Course()).root if args.command == "worker" else None
+        except (CourseError, FileNotFoundError) as exc:
+            print(f"workbook worker: {exc}", file=sys.stderr)
+            return 2
+        exec_dask(args.command, ([args.address] if args.command == "worker" else []) + extra, course)
     try:
         course = Course(args.course) if args.course else Course()
         if args.command in ("feedback", "export", "report", "status"):

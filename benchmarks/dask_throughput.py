@@ -7,8 +7,8 @@ It builds two throw-away courses with notebook 03 released and the same ``--subm
 complete and partial submissions, then measures, one after the other:
 
 1. ``pool``: ``workbook autograde -j N`` (the local process pool, the default);
-2. ``dask``: ``workbook autograde --scheduler ADDRESS`` on a ``dask scheduler`` with N
-   ``dask worker`` processes (one thread each) on this machine, started before the clock
+2. ``dask``: ``workbook autograde --scheduler ADDRESS`` on a ``workbook scheduler`` with N
+   ``workbook worker`` processes (one thread each) on this machine, started before the clock
    starts (a standing cluster) but not yet warmed (their first task imports the grader,
    as the pool's fresh processes do).
 

@@ -1,6 +1,7 @@
 """Real servers for tests and benchmarks, started on localhost and always stopped.
 
-- :class:`DaskCluster`: a ``dask scheduler`` and ``dask worker`` processes from this
+- :class:`DaskCluster`: a Dask scheduler and workers started as an instructor would
+  (``workbook scheduler``, ``workbook worker``: Dask's with the grading settings) from this
   virtualenv's ``bin``, each in its own process group (so that one can be killed whole).
 - :class:`PostgresServer`: a PostgreSQL server (Debian's ``postgresql`` package,
   ``make postgres``) in a temporary folder, run by an unprivileged user when the tests
@@ -69,12 +70,13 @@ class DaskCluster:
         self.scheduler: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
 
-    def _popen(self, args: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _popen(self, args: list[str], name: str, env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "wb")
         environment = dict(os.environ, **(env or {}))
         environment["PATH"] = os.pathsep.join([str(BIN), environment.get("PATH", "")])
         try:
-            return subprocess.Popen([str(BIN / "dask"), *args], cwd=self.cwd, env=environment, stdout=log,
+            return subprocess.Popen([str(BIN / "workbook"), *args], cwd=cwd or self.cwd, env=environment, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
@@ -96,7 +98,7 @@ class DaskCluster:
         """Start ``dask worker`` named ``name`` and wait until the scheduler knows it."""
         args = ["worker", self.address, "--name", name, "--nthreads", "1", "--no-nanny",
                 "--no-dashboard", "--host", "127.0.0.1"]
-        proc = self._popen(args, f"worker-{name}", env)
+        proc = self._popen(args, f"worker-{name}", env, cwd)
         self.workers[name] = proc
         deadline = time.monotonic() + 120
         while name not in self.worker_names():

@@ -1,5 +1,6 @@
-"""Grading on a Dask cluster: a real ``dask scheduler`` and ``dask worker`` processes on
-localhost (tests/servers.py), against the local process pool on the same submissions.
+"""Grading on a Dask cluster: a real scheduler and worker processes on localhost, started
+with ``workbook scheduler`` and ``workbook worker`` (tests/servers.py), against the local
+process pool on the same submissions.
 
 One class of notebook 03 (correct, mistaken, empty) is graded with the local pool, then
 on a cluster of two workers, one of which is killed while it grades; then a worker grades
@@ -25,7 +26,7 @@ import pytest
 from autograder.autograde import GradingOptions, Limits, autograde
 from autograder.cli import main
 from autograder import cluster as worker_side
-from autograder.cluster import course_manifest, manifest_differences
+from autograder.cluster import QUIET_DASK, course_manifest, dask_environment, manifest_differences
 from autograder.course import Course
 from servers import REPO, DaskCluster, free_port
 from workbook_class import ClassBuilder, make_course
@@ -80,6 +81,14 @@ def cluster_class(tmp_path_factory):
     with DaskCluster(cwd=root, log_dir=base) as cluster:
         cluster.start_worker("w1")
         cluster.start_worker("w2")
+        keys = list(QUIET_DASK)
+
+        def quiet_settings() -> dict[str, str]:  # defined here: sent by value to the scheduler and workers
+            import dask
+            return {key: str(dask.config.get(key)) for key in keys}
+
+        with cluster.client() as client:
+            state["settings"] = [client.run_on_scheduler(quiet_settings), *client.run(quiet_settings).values()]
         killed: dict = {}
         killer = threading.Thread(target=_kill_when_busy, args=(cluster, "w2", killed))
         killer.start()
@@ -140,6 +149,22 @@ def test_a_worker_with_a_different_course_lib_is_refused(cluster_class):
     err = cluster_class["refused_err"]
     assert "worker w3 grades with a different course" in err and "course_lib/attention.py differs" in err
     assert cluster_class["after_refusal"] == cluster_class["cluster"]  # nothing recorded from it
+
+
+@pytest.mark.slow
+def test_the_scheduler_and_workers_run_with_the_grading_settings(cluster_class):
+    assert len(cluster_class["settings"]) == 3
+    for settings in cluster_class["settings"]:
+        assert settings == QUIET_DASK
+
+
+def test_grading_settings_leave_a_variable_already_set_alone(tmp_path):
+    env = dask_environment({"DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "50ms", "PATH": "/bin"}, tmp_path)
+    assert env["DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"] == "50ms"
+    assert env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] == "False"
+    assert env["DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__START"] == "False"
+    assert env["WORKBOOK_COURSE"] == str(tmp_path) and env["PATH"] == "/bin"
+    assert len([k for k in env if k.startswith("DASK_")]) == len(QUIET_DASK)
 
 
 def test_manifest_differences_name_the_files():
