@@ -41,13 +41,13 @@ ITEMS = ("split_heads", "merge_heads", "MultiHeadAttention", "mha_parameter_coun
 SUBMISSIONS = {
     "correct": ({}, (3, 3, 6, 2, 3), None),
     "stubs": (None, (0, 0, 0, 0, 0), "still contains the stub"),
-    # the later cells fall back on course_lib's split_heads, so MultiHeadAttention still earns 6
-    "split_no_transpose": ({"split_heads": SPLIT_NO_TRANSPOSE}, (0, 3, 6, 2, 3),
-                           "You reshaped (B, T, D) straight to (B, H, T, D/H)"),
+    # the later cells fall back on course_lib's split_heads, so MultiHeadAttention still earns 6;
+    # each item is judged on its own, so one submission carries mistakes in several items
+    "mistakes_a": ({"split_heads": SPLIT_NO_TRANSPOSE, "head_diversity_penalty": GRAM_TRANSPOSED,
+                    "mha_parameter_count": COUNT_FLOAT}, (0, 3, 6, 0, 0),
+                   ("You reshaped (B, T, D) straight to (B, H, T, D/H)", "You computed Aᵀ A (keys against keys",
+                    "Return a Python int")),
     "no_w_o": ({"MultiHeadAttention": NO_W_O}, (3, 3, 2, 2, 3), "The output skips w_o"),
-    "gram_transposed": ({"head_diversity_penalty": GRAM_TRANSPOSED}, (3, 3, 6, 2, 0),
-                        "You computed Aᵀ A (keys against keys"),
-    "count_float": ({"mha_parameter_count": COUNT_FLOAT}, (3, 3, 6, 0, 3), "Return a Python int"),
     "subclasses_reference": ({"MultiHeadAttention": SUBCLASSES_REFERENCE}, (3, 3, 0, 2, 3),
                              "the course's reference for this item"),
     # merge_heads is undefined: its own check and the MultiHeadAttention that uses it fail

@@ -35,21 +35,20 @@ NO_RELATIVE_VALUES = _replace("RelativeSelfAttention",
 
 ITEMS = ("sinusoidal_positional_encoding", "pe_shift_matrix", "relative_position_index", "RelativeSelfAttention")
 
+# Each item is judged on its own, so one submission carries mistakes in several items.
 SUBMISSIONS = {
     "correct": ({}, (3, 3, 2, 4), None),
     "stubs": (None, (0, 0, 0, 0), "still contains the stub"),
-    "sin_cos_swapped": ({"sinusoidal_positional_encoding": SIN_COS_SWAPPED}, (0, 3, 2, 4),
-                        "Sine and cosine are swapped"),
-    "halves": ({"sinusoidal_positional_encoding": HALVES}, (0, 3, 2, 4),
-               "You put all sines in the first half and all cosines in the second"),
-    "shift_transposed": ({"pe_shift_matrix": SHIFT_TRANSPOSED}, (3, 0, 2, 4), "Your matrix shifts by −k"),
     # RelativeSelfAttention falls back on course_lib's index when the student's fails its checks
-    "index_sign_flipped": ({"relative_position_index": INDEX_SIGN_FLIPPED}, (3, 3, 0, 4),
-                           "The distance has the wrong sign"),
-    "index_not_clipped": ({"relative_position_index": INDEX_NOT_CLIPPED}, (3, 3, 0, 4),
-                          "The distance is not clipped"),
-    "no_relative_values": ({"RelativeSelfAttention": NO_RELATIVE_VALUES}, (3, 3, 2, 1),
-                           "The output ignores the relative values"),
+    "mistakes_a": ({"sinusoidal_positional_encoding": SIN_COS_SWAPPED, "pe_shift_matrix": SHIFT_TRANSPOSED,
+                    "relative_position_index": INDEX_SIGN_FLIPPED, "RelativeSelfAttention": NO_RELATIVE_VALUES},
+                   (0, 0, 0, 1),
+                   ("Sine and cosine are swapped", "Your matrix shifts by −k", "The distance has the wrong sign",
+                    "The output ignores the relative values")),
+    "mistakes_b": ({"sinusoidal_positional_encoding": HALVES, "relative_position_index": INDEX_NOT_CLIPPED},
+                   (0, 3, 0, 4),
+                   ("You put all sines in the first half and all cosines in the second",
+                    "The distance is not clipped")),
 }
 
 

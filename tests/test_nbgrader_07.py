@@ -45,22 +45,25 @@ def _with(**scores):
 
 
 # student -> (cells that differ from the correct answers, expected points per test cell,
-#             fragment the feedback must show)
+#             fragments the feedback must show). Each item is judged on its own, so one
+#             submission carries mistakes in several items (mask_tokens' three need three).
 SUBMISSIONS = {
     "correct": (dict(SOL), FULL, None),
     "stubs": (None, (0,) * len(ITEMS), "still contains the stub"),
-    "ties_largest": ({"bpe_train": TIES_LARGEST}, _with(bpe_train=1), "Ties are broken the wrong way"),
-    "leftmost_first": ({"bpe_encode": LEFTMOST_FIRST}, _with(bpe_encode=1), "Merges are applied out of priority order"),
-    "specials_masked": ({"mask_tokens": SPECIALS_MASKED}, _with(mask_tokens=1), "Special tokens were selected"),
-    "all_masked": ({"mask_tokens": ALL_MASKED}, _with(mask_tokens=3), "The 80/10/10 split is wrong"),
-    "labels_everywhere": ({"mask_tokens": LABELS_EVERYWHERE}, _with(mask_tokens=0),
-                          "Labels are set at positions that were not selected"),
-    "first_sep_in_b": ({"make_nsp_input": FIRST_SEP_IN_B}, _with(make_nsp_input=0),
-                       "Segment ids are wrong around [SEP]"),
-    "loss_over_all": ({"mlm_loss": LOSS_OVER_ALL}, _with(mlm_loss=0), "The loss is averaged over all positions"),
-    "nsp_last": ({"NSPHead": NSP_LAST}, _with(NSPHead=1), "NSP is pooled from the wrong position"),
-    "calls_reference": ({"mlm_loss": CALLS_REFERENCE}, _with(mlm_loss=0), "the course's reference for this item"),
-    "syntax_error": ({"make_nsp_input": SYNTAX_ERROR}, _with(make_nsp_input=0), "NameError"),
+    "mistakes_a": ({"bpe_train": TIES_LARGEST, "mask_tokens": SPECIALS_MASKED, "make_nsp_input": FIRST_SEP_IN_B,
+                    "NSPHead": NSP_LAST},
+                   _with(bpe_train=1, mask_tokens=1, make_nsp_input=0, NSPHead=1),
+                   ("Ties are broken the wrong way", "Special tokens were selected",
+                    "Segment ids are wrong around [SEP]", "NSP is pooled from the wrong position")),
+    "mistakes_b": ({"bpe_encode": LEFTMOST_FIRST, "mask_tokens": ALL_MASKED, "mlm_loss": LOSS_OVER_ALL},
+                   _with(bpe_encode=1, mask_tokens=3, mlm_loss=0),
+                   ("Merges are applied out of priority order", "The 80/10/10 split is wrong",
+                    "The loss is averaged over all positions")),
+    # a reference call, a syntax error and the third mask_tokens mistake, in three items
+    "mistakes_c": ({"mask_tokens": LABELS_EVERYWHERE, "mlm_loss": CALLS_REFERENCE, "make_nsp_input": SYNTAX_ERROR},
+                   _with(mask_tokens=0, mlm_loss=0, make_nsp_input=0),
+                   ("Labels are set at positions that were not selected", "the course's reference for this item",
+                    "NameError")),
 }
 
 
@@ -69,4 +72,4 @@ SUBMISSIONS = {
 
 
 def test_mask_tokens_report_is_a_message_not_a_traceback(graded):
-    assert_reports_not_tracebacks(graded[0], A, "all_masked", ["test_mask_tokens"])
+    assert_reports_not_tracebacks(graded[0], A, "mistakes_b", ["test_mask_tokens"])
