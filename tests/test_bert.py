@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import bert
+from course_lib import bert, bert_pretraining
 from course_lib.bpe import bpe_encode, bpe_train, wordpiece_display
 from course_lib.data.corpus import (NAMES, TOPICS, load_text_documents, split_sentences, story_corpus,
                                    topic_classification, topic_sentences)
@@ -137,46 +137,47 @@ def test_mask_tokens_statistics_and_contract():
 
 def test_nsp_pairs_half_is_next_and_not_next_from_another_document():
     docs = [[f"d{d}s{s}" for s in range(5)] for d in range(40)]
-    pairs = bert.sample_nsp_pairs(docs, 1000, random.Random(0))
+    pairs = bert_pretraining.sample_nsp_pairs(docs, 1000, random.Random(0))
     labels = [lab for _, _, lab in pairs]
-    assert labels.count(bert.IS_NEXT) == labels.count(bert.NOT_NEXT) == 500
+    assert labels.count(bert_pretraining.IS_NEXT) == labels.count(bert_pretraining.NOT_NEXT) == 500
     for a, b, lab in pairs:
         da, sa = map(int, a[1:].split("s"))
         db, sb = map(int, b[1:].split("s"))
-        if lab == bert.IS_NEXT:
+        if lab == bert_pretraining.IS_NEXT:
             assert da == db and sb == sa + 1
         else:
             assert da != db
     with pytest.raises(ValueError):
-        bert.sample_nsp_pairs([["only one"]], 2, random.Random(0))
+        bert_pretraining.sample_nsp_pairs([["only one"]], 2, random.Random(0))
 
 
 def test_nsp_pairs_not_next_from_another_topic():
     docs = [[f"d{d}s{s}" for s in range(4)] for d in range(30)]
     topics = [d % 3 for d in range(30)]
-    pairs = bert.sample_nsp_pairs(docs, 600, random.Random(1), topics)
-    assert [lab for _, _, lab in pairs].count(bert.NOT_NEXT) == 300
+    pairs = bert_pretraining.sample_nsp_pairs(docs, 600, random.Random(1), topics)
+    assert [lab for _, _, lab in pairs].count(bert_pretraining.NOT_NEXT) == 300
     for a, b, lab in pairs:
         da, db = int(a[1:].split("s")[0]), int(b[1:].split("s")[0])
-        assert (topics[da] == topics[db]) if lab == bert.IS_NEXT else (topics[da] != topics[db])
+        assert (topics[da] == topics[db]) if lab == bert_pretraining.IS_NEXT else (topics[da] != topics[db])
     with pytest.raises(ValueError, match="2 topics for 30 documents"):
-        bert.sample_nsp_pairs(docs, 4, random.Random(0), [0, 1])
+        bert_pretraining.sample_nsp_pairs(docs, 4, random.Random(0), [0, 1])
     with pytest.raises(ValueError, match="at least two topics"):
-        bert.sample_nsp_pairs(docs, 4, random.Random(0), [0] * 30)
+        bert_pretraining.sample_nsp_pairs(docs, 4, random.Random(0), [0] * 30)
 
 
 def test_pretraining_loss_runs_the_mlm_head_at_selected_positions_only():
     docs, topics = story_corpus(40, seed=2)
     tok = SubwordTokenizer.train([s for d in docs for s in d], 80)
-    data = bert.PretrainingData.from_text(tok, docs, max_len=40, topics=topics)
+    data = bert_pretraining.PretrainingData.from_text(tok, docs, max_len=40, topics=topics)
     batch = data.batch(16, random.Random(0), torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     model = bert.BertForPreTraining(len(tok), d_model=16, num_heads=2, d_ff=32, n_layer=1, max_len=40).double()
     mlm_logits, nsp_logits = model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
     full = bert.mlm_loss(mlm_logits, batch["mlm_labels"]) + F.cross_entropy(nsp_logits, batch["nsp_labels"])
-    assert torch.allclose(bert.pretraining_loss(model, batch), full, atol=1e-12)
+    assert torch.allclose(bert_pretraining.pretraining_loss(model, batch), full, atol=1e-12)
     batch["mlm_labels"][:] = -100  # nothing selected: the NSP loss alone, not nan
-    assert torch.allclose(bert.pretraining_loss(model, batch), F.cross_entropy(nsp_logits, batch["nsp_labels"]))
+    nsp_only = F.cross_entropy(nsp_logits, batch["nsp_labels"])
+    assert torch.allclose(bert_pretraining.pretraining_loss(model, batch), nsp_only)
 
 
 def test_make_nsp_input_and_embeddings():
@@ -236,26 +237,26 @@ def test_bert_initialisation_starts_near_uniform_predictions_and_keeps_a_pretrai
 def test_pretraining_and_finetuning_run_and_learn():
     docs, topics = story_corpus(200, seed=0)
     tok = SubwordTokenizer.train([s for d in docs for s in d], 150)
-    data = bert.PretrainingData.from_text(tok, docs, max_len=40)
+    data = bert_pretraining.PretrainingData.from_text(tok, docs, max_len=40)
     batch = data.batch(8, random.Random(0), torch.Generator().manual_seed(0))
     assert batch["input_ids"].shape[1] <= 40 and (batch["mlm_labels"] != -100).any()
     assert batch["attention_mask"].dtype == torch.bool
     torch.manual_seed(0)
     model = bert.BertForPreTraining(len(tok), d_model=32, num_heads=2, d_ff=64, n_layer=1, max_len=40)
-    history = bert.pretrain(model, data, steps=60, batch_size=16, lr=3e-3, warmup=10, progress=False)
+    history = bert_pretraining.pretrain(model, data, steps=60, batch_size=16, lr=3e-3, warmup=10, progress=False)
     assert sum(history.losses[-10:]) / 10 < sum(history.losses[:10]) / 10
-    acc = bert.mlm_accuracy(model, data, n_pairs=100)
-    base, token = bert.unigram_baseline(data, data, n_pairs=100)
+    acc = bert_pretraining.mlm_accuracy(model, data, n_pairs=100)
+    base, token = bert_pretraining.unigram_baseline(data, data, n_pairs=100)
     assert 0 < base < 0.5 and 0 <= acc <= 1 and token not in SPECIALS  # quality: tests/test_notebook_07.py
-    assert 0 <= bert.nsp_accuracy(model, data, n_pairs=100) <= 1
+    assert 0 <= bert_pretraining.nsp_accuracy(model, data, n_pairs=100) <= 1
     names = list(TOPICS)
     sentences = [docs[i][0] for i in range(40)]
     labels = [names.index(topics[i]) for i in range(40)]
-    cls_batch = bert.classification_batch(tok, sentences, labels)
+    cls_batch = bert_pretraining.classification_batch(tok, sentences, labels)
     clf = bert.SequenceClassifier(model.encoder, len(names))
-    bert.finetune(clf, cls_batch, steps=80, lr=3e-3, progress=False)
-    assert bert.classification_accuracy(clf, cls_batch) > 0.5
-    feats = bert.layer_features(model.encoder, cls_batch, "mean")
+    bert_pretraining.finetune(clf, cls_batch, steps=80, lr=3e-3, progress=False)
+    assert bert_pretraining.classification_accuracy(clf, cls_batch) > 0.5
+    feats = bert_pretraining.layer_features(model.encoder, cls_batch, "mean")
     assert len(feats) == 2 and feats[0].shape == (40, 32)
-    accs = bert.probe_layers(feats, cls_batch["labels"], feats, cls_batch["labels"], steps=100)
+    accs = bert_pretraining.probe_layers(feats, cls_batch["labels"], feats, cls_batch["labels"], steps=100)
     assert len(accs) == 2 and all(0 <= a <= 1 for a in accs)
