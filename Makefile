@@ -69,6 +69,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/notebook_times.py
 	$(BIN)/python benchmarks/attention_fast_path.py
+	$(BIN)/python benchmarks/explorer_update.py
 
 # Regenerate the student notebooks in notebooks/ from solutions/.
 release: $(STAMP)

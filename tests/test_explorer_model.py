@@ -1,10 +1,9 @@
 """The full attention explorer on a whole model, driven without a browser: pick layers and
 heads, the all-heads grid, masks, temperature inside the model, head ablation with the
-prediction updating, and the update time at T = 32."""
+prediction updating (the update time is a benchmark: benchmarks/explorer_update.py)."""
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -158,23 +157,3 @@ def test_capture_attention_on_a_model_without_attention_modules_method():
     assert ex.head.options == (0,) and ex.prediction is None
     ex.ablate[0][0].value = True
     assert ex.ablated() == {0: [0], 1: []}
-
-
-def test_update_time_at_T32():
-    torch.manual_seed(0)
-    model = TinyTransformer(10, 100, d_model=32, num_heads=4, n_layer=1, max_len=32, causal=True).eval()
-    tokens = torch.randint(0, 10, (1, 32))
-    ex = AttentionExplorer([str(t) for t in tokens[0].tolist()],
-                           ModelSource(model, lambda m, mask: m(tokens, attn_mask=mask),
-                                       lambda out: describe_tokens([str(p) for p in out[0].argmax(-1).tolist()])))
-    times = {}
-    for head in (0, ALL_HEADS):
-        ex.head.value = head
-        runs = []
-        for tau in (0.5, 1.0, 2.0):
-            start = time.perf_counter()
-            ex.temperature.value = tau
-            runs.append(time.perf_counter() - start)
-        times[head] = min(runs)
-    print(f"explorer update at T = 32: one head {times[0] * 1e3:.0f} ms, all 4 heads {times[ALL_HEADS] * 1e3:.0f} ms")
-    assert times[0] < 1.0 and times[ALL_HEADS] < 1.0
