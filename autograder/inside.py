@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.modules.setdefault("workbook_runner", sys.modules[__name__])
 
-from channel import Channel  # noqa: E402  (this folder is on the sandbox's path)
+from cells import is_test_cell, nbgrader_meta  # noqa: E402  (this folder is on the sandbox's path)
+from channel import Channel  # noqa: E402
 
 _OUT: "Outputs | None" = None
 _CHANNEL: Channel | None = None
@@ -239,16 +240,6 @@ def _make_shell():  # noqa: ANN202
 # Running the notebook
 # ---------------------------------------------------------------------------
 
-def _nbgrader(cell: dict) -> dict:
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    return meta if isinstance(meta, dict) else {}
-
-
-def _is_test(cell: dict) -> bool:
-    meta = _nbgrader(cell)
-    return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
-
-
 class Timeout:
     """Interrupt the main thread (KeyboardInterrupt) when a cell runs too long."""
 
@@ -329,9 +320,9 @@ def run(channel: Channel, setup: dict) -> None:
         channel.send({"type": "cell_start", "index": index})
         started = time.monotonic()
         status = "ok"
-        if _is_test(cell):
+        if is_test_cell(cell):
             try:
-                answer_plan(channel, shell, index, str(_nbgrader(cell).get("grade_id", "")), cell_timeout)
+                answer_plan(channel, shell, index, str(nbgrader_meta(cell).get("grade_id", "")), cell_timeout)
             except BaseException as exc:  # noqa: BLE001
                 status = f"answering failed: {type(exc).__name__}"
         else:
@@ -347,7 +338,7 @@ def run(channel: Channel, setup: dict) -> None:
                 status = "error"
         outputs.flush()
         channel.send({"type": "cell_end", "index": index, "status": status,
-                      "execution_count": shell.execution_count - 1 if not _is_test(cell) else None,
+                      "execution_count": shell.execution_count - 1 if not is_test_cell(cell) else None,
                       "seconds": round(time.monotonic() - started, 3)})
         if getattr(shell, "exit_now", False):
             channel.send({"type": "exit", "index": index})

@@ -42,6 +42,7 @@ from course_lib.grading.runner import ItemResult, SubResult, format_report, judg
 from course_lib.grading.wire import Limits as WireLimits
 from course_lib.grading.wire import decode
 
+from .cells import is_test_cell, nbgrader_meta
 from .problems import problem
 from . import sandbox
 from .channel import FrameReader, ProtocolError
@@ -61,18 +62,8 @@ _OUTPUT_TYPES = {"stream", "display_data", "execute_result", "error"}
 _SAFE_MIME = {"text/plain", "image/png", "image/jpeg"}
 
 
-def _nbgrader(cell: dict) -> dict:
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    return meta if isinstance(meta, dict) else {}
-
-
-def _is_test(cell: dict) -> bool:
-    meta = _nbgrader(cell)
-    return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
-
-
 def _where(index: int, cell: dict) -> str:
-    gid = _nbgrader(cell).get("grade_id", "")
+    gid = nbgrader_meta(cell).get("grade_id", "")
     return f"cell {index}" + (f" ({gid})" if gid else "")
 
 
@@ -199,12 +190,12 @@ class _Run:
     def event(self, kind: str, index: int | None, message: str) -> None:
         cell = self.cells[index] if index is not None and 0 <= index < len(self.cells) else {}
         where = _where(index, cell) + ": " if index is not None else ""
-        self.events.append(problem(kind, clean_text(where + message), clean_text(_nbgrader(cell).get("grade_id", ""))))
+        self.events.append(problem(kind, clean_text(where + message), clean_text(nbgrader_meta(cell).get("grade_id", ""))))
 
     def add_output(self, index: Any, output: Any) -> None:
         if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self.current:
             return
-        if _is_test(self.cells[index]):
+        if is_test_cell(self.cells[index]):
             return  # a test cell shows the grader's report only
         clean = clean_output(output)
         if clean is None or index in self.truncated:
@@ -244,8 +235,8 @@ class _Supervisor:
         self.tests: dict[str, str] = {}  # grade_id -> item
         self.test_cell: dict[str, int] = {}  # item -> index of its (first) test cell
         for index, cell in enumerate(self.nb["cells"]):
-            if _is_test(cell):
-                gid = str(_nbgrader(cell).get("grade_id", ""))
+            if is_test_cell(cell):
+                gid = str(nbgrader_meta(cell).get("grade_id", ""))
                 self.tests[gid] = gid.removeprefix("test_")
                 self.test_cell.setdefault(gid.removeprefix("test_"), index)
         self.items = [i for i in self.tests.values() if _known(i)]
@@ -260,9 +251,9 @@ class _Supervisor:
     def _setup_message(self) -> dict:
         cells = []
         for cell in self.nb["cells"]:
-            meta = _nbgrader(cell)
+            meta = nbgrader_meta(cell)
             source = "".join(cell.get("source", "")) if isinstance(cell.get("source"), list) else str(cell.get("source", ""))
-            if _is_test(cell):
+            if is_test_cell(cell):
                 source = "# (checked by the grader)"  # hidden tests never enter the sandbox
             cells.append({"cell_type": cell.get("cell_type"), "source": source,
                           "metadata": {"nbgrader": {k: meta[k] for k in ("grade", "solution", "grade_id", "locked")
@@ -458,7 +449,7 @@ class _Supervisor:
         item = self.tests.get(gid) if isinstance(gid, str) else None
         run.open_items.clear()  # a new request closes any plan still open
         current = run.cells[run.current] if run.current is not None else {}
-        if not _is_test(current) or _nbgrader(current).get("grade_id") != gid:
+        if not is_test_cell(current) or nbgrader_meta(current).get("grade_id") != gid:
             item = None  # a plan is given only while its own test cell runs
         if item is None or item not in self.items or item in run.requested:
             self.reply({"type": "no_plan"})
@@ -544,7 +535,7 @@ class _Supervisor:
         """A forbidden callable named in the item's solution cell (found in the code, here)."""
         from .copies import forbidden_uses
         for cell in self.nb["cells"]:
-            meta = _nbgrader(cell)
+            meta = nbgrader_meta(cell)
             if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id") == item:
                 source = cell.get("source", "")
                 return forbidden_uses("".join(source) if isinstance(source, list) else str(source), spec.forbidden)
@@ -622,7 +613,7 @@ def _cell_errors(run: _Run) -> None:
     positions)."""
     skipped = False
     for index, outputs in sorted(run.outputs.items()):
-        if _is_test(run.cells[index]) or run.status.get(index) == "timeout":
+        if is_test_cell(run.cells[index]) or run.status.get(index) == "timeout":
             continue
         for output in outputs:
             if output["output_type"] == "error" and output["ename"] not in ("KeyboardInterrupt",):
@@ -675,13 +666,13 @@ def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandb
             cell.get("metadata", {}).pop("raw_mimetype", None)
         if cell.get("cell_type") != "code":
             continue
-        if _is_test(cell):
-            gid = _nbgrader(cell)["grade_id"]
+        if is_test_cell(cell):
+            gid = nbgrader_meta(cell)["grade_id"]
             item = sup.tests[gid]
             result = results.get(item)
             if result is None:
                 report = f"✗ {gid}: no check is defined for this test cell; it scores 0."
-                score, max_score = 0.0, float(_nbgrader(cell).get("points", 0) or 0)
+                score, max_score = 0.0, float(nbgrader_meta(cell).get("points", 0) or 0)
                 run.events.append(problem("no_check", f"{gid}: no check is defined for this test cell", gid))
             else:
                 report, score, max_score = format_report(result), round(result.score, 4), float(result.total_points)
@@ -709,7 +700,7 @@ def _copies(nb: dict, items: list[str]) -> list[dict]:
     from .copies import find_copies
     sources = []
     for index, cell in enumerate(nb["cells"]):
-        if cell.get("cell_type") == "code" and not _nbgrader(cell).get("locked"):
+        if cell.get("cell_type") == "code" and not nbgrader_meta(cell).get("locked"):
             source = cell.get("source", "")
             sources.append((_where(index, cell), "".join(source) if isinstance(source, list) else str(source)))
     return [problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
