@@ -192,6 +192,15 @@ class _Run:
         where = _where(index, cell) + ": " if index is not None else ""
         self.events.append(problem(kind, clean_text(where + message), clean_text(nbgrader_meta(cell).get("grade_id", ""))))
 
+    def truncate(self, index: int) -> None:
+        """Drop the rest of cell ``index``'s output: a notice in the cell and a problem."""
+        self.truncated.add(index)
+        self.outputs.setdefault(index, []).append(
+            {"output_type": "stream", "name": "stdout",
+             "text": f"\n... output truncated: this cell printed more than {self.limits.max_output_kb} kB ...\n"})
+        self.event("output_truncated", index, f"the cell printed more than {self.limits.max_output_kb} kB; "
+                                              "the rest was dropped")
+
     def add_output(self, index: Any, output: Any) -> None:
         if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self.current:
             return
@@ -210,12 +219,7 @@ class _Run:
                 clean["text"] = clean["text"][:room]
                 self.outputs.setdefault(index, []).append(clean)
                 self.total += room
-            self.truncated.add(index)
-            self.outputs.setdefault(index, []).append(
-                {"output_type": "stream", "name": "stdout",
-                 "text": f"\n... output truncated: this cell printed more than {self.limits.max_output_kb} kB ...\n"})
-            self.event("output_truncated", index, f"the cell printed more than {self.limits.max_output_kb} kB; "
-                                                  "the rest was dropped")
+            self.truncate(index)
             return
         self.used[index] = used + size
         self.total += size
@@ -426,12 +430,7 @@ class _Supervisor:
         elif kind == "truncated":  # the runner dropped output before sending it
             index = message.get("index")
             if index == run.current and index is not None and index not in run.truncated:
-                run.truncated.add(index)
-                run.outputs.setdefault(index, []).append(
-                    {"output_type": "stream", "name": "stdout",
-                     "text": f"\n... output truncated: this cell printed more than {self.limits.max_output_kb} kB ...\n"})
-                run.event("output_truncated", index, f"the cell printed more than {self.limits.max_output_kb} kB; "
-                                                     "the rest was dropped")
+                run.truncate(index)
         else:
             raise ProtocolError(f"unknown message {kind[:40]!r}")
 

@@ -183,3 +183,18 @@ def test_pool_survives_crashes_hangs_and_errors():
 def test_pool_rejects_no_workers():
     with pytest.raises(ValueError, match="at least one worker"):
         WorkerPool(0, handler)
+
+
+def test_output_past_the_cell_cap_is_cut_with_one_notice_and_one_problem():
+    from autograder.sandbox import Limits
+    from autograder.supervisor import _Run
+    cells = [{"cell_type": "code", "source": "print('x' * 10**6)", "metadata": {}}]
+    run = _Run(cells, Limits(max_output_kb=1))
+    run.current = 0
+    for _ in range(3):
+        run.add_output(0, {"output_type": "stream", "name": "stdout", "text": "x" * 700})
+    texts = [o["text"] for o in run.outputs[0]]
+    assert texts[0] == "x" * 700 and texts[1] == "x" * (1024 - 700)  # filled up to the cap, then cut
+    assert texts[2].strip() == "... output truncated: this cell printed more than 1 kB ..." and len(texts) == 3
+    assert [e["kind"] for e in run.events] == ["output_truncated"]
+    assert "printed more than 1 kB" in run.events[0]["message"]
