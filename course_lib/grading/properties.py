@@ -13,9 +13,10 @@ from torch import Tensor
 from .compare import describe_difference, fmt_num
 from .runner import current_salt
 from .spec import Case, CheckFailed
+from .wire import Opaque
 
 __all__ = [
-    "seed", "generator", "randn", "dtype_name", "mask_words",
+    "seed", "generator", "randn", "dtype_name", "type_name", "mask_words",
     "weights_sum_to_one", "masked_weights_zero", "masked_keys_ignored", "gradients_reach",
     "compare_cases", "reference_state", "module_inputs", "module_case", "layout", "parameter_shapes",
     "module_gradients", "padding", "padding_no_leak", "no_future_leak", "ignored_get_no_gradient", "variant",
@@ -46,6 +47,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def type_name(value: Any) -> str:
+    """The type of an answer for a message (an :class:`~course_lib.grading.wire.Opaque` answer
+    keeps only its name)."""
+    return value.type_name if isinstance(value, Opaque) else type(value).__name__
+
+
 def mask_words(mask: Tensor | None) -> str:
     """Describe a mask for a message: 'no mask', 'causal mask (5, 5)', ..."""
     if mask is None:
@@ -56,9 +63,10 @@ def mask_words(mask: Tensor | None) -> str:
     return f"padding mask {shape}"
 
 
-def compare_cases(*cases: Case) -> Callable[[Any], None]:
-    """A sub-check body that compares the student with the reference on ``cases``."""
-    return lambda trial: trial.compare(cases)
+def compare_cases(*cases: Case, probe: str = "invoke", differ: Callable | None = None) -> Callable[[Any], None]:
+    """A sub-check body that compares the student with the reference on ``cases``
+    (their answers to ``probe``, told apart by ``differ``: see :meth:`Trial.compare`)."""
+    return lambda trial: trial.compare(cases, probe, differ)
 
 
 def _weights(out: Any, index: int | None) -> Tensor:

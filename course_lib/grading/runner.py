@@ -213,17 +213,19 @@ class Trial:
                 return mistake.hint
         return None
 
-    def compare(self, cases: Sequence[Any]) -> None:
-        """Compare the student's output with the reference on each case."""
+    def compare(self, cases: Sequence[Any], probe: str = "invoke", differ: Any = None) -> None:
+        """Compare the student's answer to ``probe`` with the reference's on each case;
+        ``differ(expected, got)`` says how they differ, None when they match (default:
+        :func:`~course_lib.grading.compare.describe_difference`)."""
         from .compare import describe_difference
         for case in cases:
-            expected = self.reference(case.make(self.device))
-            got = self.student(case.make(self.device), case.label)
-            problem = describe_difference(expected, got, self.spec.output_names)
+            expected = self.reference(case.make(self.device), probe)
+            got = self.student(case.make(self.device), case.label, probe)
+            problem = (differ or (lambda e, g: describe_difference(e, g, self.spec.output_names)))(expected, got)
             if problem is None:
                 continue
             message = f"On {case.label}: {problem}"
-            hint = self.likely_mistake(case, got, expected)
+            hint = self.likely_mistake(case, got, expected, differ=differ, probe=probe)
             if hint:
                 message += f"\n{LIKELY_CAUSE}{hint}"
             raise CheckFailed(message)

@@ -50,25 +50,13 @@ def _hand_dot_case() -> Case:
     return Case("the hand example h (1, 3, 2), s (1, 2) (from the notebook)", make)
 
 
-def dot_keepdim(h, s):
-    return h @ s.unsqueeze(-1)
-
-
-def dot_sum_over_time(h, s):
-    return (h * s.unsqueeze(1)).sum(dim=1)
-
-
-def dot_all_pairs(h, s):
-    return h @ s.T
-
-
 DOT_MISTAKES = (
-    Mistake("trailing axis kept", dot_keepdim,
+    Mistake("trailing axis kept", lambda h, s: h @ s.unsqueeze(-1),
             "Your scores have shape (B, T, 1): remove the last axis (.squeeze(-1)) to return (B, T)."),
-    Mistake("summed over time", dot_sum_over_time,
+    Mistake("summed over time", lambda h, s: (h * s.unsqueeze(1)).sum(dim=1),
             "You summed over the time axis: the score of position i is the sum over the features, "
             "(h * s[:, None, :]).sum(dim=-1)."),
-    Mistake("all batch pairs", dot_all_pairs,
+    Mistake("all batch pairs", lambda h, s: h @ s.T,
             "You multiplied every h with every decoder state of the batch (h @ s.T): each sequence is scored only "
             "with its own s, e.g. (h @ s.unsqueeze(-1)).squeeze(-1)."),
 )
@@ -98,24 +86,16 @@ def _general_case(seed: int, B: int, T: int, d_h: int, d_s: int, dtype: torch.dt
     return Case(f"h ({B}, {T}, {d_h}), s ({B}, {d_s}), W ({d_h}, {d_s}) {dtype_name(dtype)}", make)
 
 
-def general_w_transposed(h, s, W):
-    return (h @ W.T @ s.unsqueeze(-1)).squeeze(-1)
-
-
 def general_without_w(h, s, W):
     return (h @ s.unsqueeze(-1)).squeeze(-1)
 
 
-def general_keepdim(h, s, W):
-    return h @ W @ s.unsqueeze(-1)
-
-
 GENERAL_MISTAKES = (
-    Mistake("W transposed", general_w_transposed,
+    Mistake("W transposed", lambda h, s, W: (h @ W.T @ s.unsqueeze(-1)).squeeze(-1),
             "W is used transposed: the score is h_iᵀ W s with W of shape (D_h, D_s), e.g. "
             "(h @ W @ s.unsqueeze(-1)).squeeze(-1)."),
     Mistake("W ignored", general_without_w, "W has no effect on your scores: compute h_iᵀ W s, not h_iᵀ s."),
-    Mistake("trailing axis kept", general_keepdim,
+    Mistake("trailing axis kept", lambda h, s, W: h @ W @ s.unsqueeze(-1),
             "Your scores have shape (B, T, 1): remove the last axis (.squeeze(-1)) to return (B, T)."),
 )
 
@@ -149,42 +129,19 @@ def _additive_case(seed: int, B: int, T: int, d_h: int, d_s: int, A: int, dtype:
                 f"{dtype_name(dtype)}", make)
 
 
-def additive_no_tanh(h, s, W_h, W_s, v):
-    return (h @ W_h.T + (s @ W_s.T).unsqueeze(1)) @ v
-
-
-def additive_tanh_after_v(h, s, W_h, W_s, v):
-    return torch.tanh((h @ W_h.T + (s @ W_s.T).unsqueeze(1)) @ v)
-
-
-def additive_no_v(h, s, W_h, W_s, v):
-    return torch.tanh(h @ W_h.T + (s @ W_s.T).unsqueeze(1)).sum(dim=-1)
-
-
-def additive_swapped(h, s, W_h, W_s, v):
-    return torch.tanh(h @ W_s.T + (s @ W_h.T).unsqueeze(1)) @ v
-
-
-def additive_weights_transposed(h, s, W_h, W_s, v):
-    return torch.tanh(h @ W_h + (s @ W_s).unsqueeze(1)) @ v
-
-
-def additive_keepdim(h, s, W_h, W_s, v):
-    return torch.tanh(h @ W_h.T + (s @ W_s.T).unsqueeze(1)) @ v.unsqueeze(-1)
-
-
 ADDITIVE_MISTAKES = (
-    Mistake("missing tanh", additive_no_tanh,
+    Mistake("missing tanh", lambda h, s, W_h, W_s, v: (h @ W_h.T + (s @ W_s.T).unsqueeze(1)) @ v,
             "The tanh is missing: the score is vᵀ tanh(W_h h_i + W_s s)."),
-    Mistake("tanh after v", additive_tanh_after_v,
+    Mistake("tanh after v", lambda h, s, W_h, W_s, v: torch.tanh((h @ W_h.T + (s @ W_s.T).unsqueeze(1)) @ v),
             "The tanh is applied after v: apply it to W_h h_i + W_s s, then take the dot product with v."),
-    Mistake("v ignored", additive_no_v,
+    Mistake("v ignored", lambda h, s, W_h, W_s, v: torch.tanh(h @ W_h.T + (s @ W_s.T).unsqueeze(1)).sum(dim=-1),
             "You summed the tanh features instead of weighting them with v: take the dot product with v (... @ v)."),
-    Mistake("W_h and W_s swapped", additive_swapped,
+    Mistake("W_h and W_s swapped", lambda h, s, W_h, W_s, v: torch.tanh(h @ W_s.T + (s @ W_h.T).unsqueeze(1)) @ v,
             "W_h and W_s are swapped: W_h maps the encoder states h, W_s the decoder state s."),
-    Mistake("maps transposed", additive_weights_transposed,
+    Mistake("maps transposed", lambda h, s, W_h, W_s, v: torch.tanh(h @ W_h + (s @ W_s).unsqueeze(1)) @ v,
             "W_h and W_s are used transposed: with rows as vectors, W_h h_i is h @ W_h.T and W_s s is s @ W_s.T."),
-    Mistake("trailing axis kept", additive_keepdim,
+    Mistake("trailing axis kept",
+            lambda h, s, W_h, W_s, v: torch.tanh(h @ W_h.T + (s @ W_s.T).unsqueeze(1)) @ v.unsqueeze(-1),
             "Your scores have shape (B, T, 1): use ... @ v (a vector), or remove the last axis, to return (B, T)."),
 )
 
@@ -233,25 +190,9 @@ def _fill(scores, mask, value=float("-inf")):
     return scores if mask is None else scores.masked_fill(~mask, value)
 
 
-def softmax_batch_axis(scores, mask):
-    return torch.softmax(_fill(scores, mask), dim=0)
-
-
-def softmax_mask_ignored(scores, mask):
-    return torch.softmax(scores, dim=-1)
-
-
-def softmax_mask_inverted(scores, mask):
-    return torch.softmax(_fill(scores, None if mask is None else ~mask), dim=-1)
-
-
 def softmax_mask_after(scores, mask):
     w = torch.softmax(scores, dim=-1)
     return w if mask is None else w * mask
-
-
-def softmax_fill_zero(scores, mask):
-    return torch.softmax(_fill(scores, mask, 0.0), dim=-1)
 
 
 def softmax_not_normalised(scores, mask):
@@ -260,18 +201,18 @@ def softmax_not_normalised(scores, mask):
 
 
 SOFTMAX_MISTAKES = (
-    Mistake("softmax over the batch axis", softmax_batch_axis,
+    Mistake("softmax over the batch axis", lambda scores, mask: torch.softmax(_fill(scores, mask), dim=0),
             "Your softmax runs over the batch axis (dim=0): the weights of one sequence sum to 1 over its "
             "positions, so use dim=-1."),
-    Mistake("mask ignored", softmax_mask_ignored,
+    Mistake("mask ignored", lambda scores, mask: torch.softmax(scores, dim=-1),
             "The mask has no effect: set the scores where mask is False to float('-inf') before the softmax."),
-    Mistake("mask inverted", softmax_mask_inverted,
+    Mistake("mask inverted", lambda scores, mask: torch.softmax(_fill(scores, None if mask is None else ~mask), dim=-1),
             "Your mask is inverted: True means a real (valid) position, so fill the scores where the mask is False "
             "(~mask)."),
     Mistake("mask after softmax", softmax_mask_after,
             "You masked after the softmax, so the weights of a padded sequence no longer sum to 1: "
             "fill the masked scores with -inf before the softmax."),
-    Mistake("masked scores set to 0", softmax_fill_zero,
+    Mistake("masked scores set to 0", lambda scores, mask: torch.softmax(_fill(scores, mask, 0.0), dim=-1),
             "Masked scores are set to 0, but exp(0) = 1 still gives them weight: fill them with float('-inf')."),
     Mistake("not normalised", softmax_not_normalised,
             "Your weights do not sum to 1: divide the exponentials by their sum over the positions (or use "
@@ -316,43 +257,19 @@ def _context_case(seed: int, B: int, T: int, D: int, dtype: torch.dtype) -> Case
     return Case(f"weights ({B}, {T}), h ({B}, {T}, {D}) {dtype_name(dtype)}", make)
 
 
-def context_feature_axis(weights, h):
-    return (weights.unsqueeze(-1) * h).sum(dim=-1)
-
-
-def context_batch_axis(weights, h):
-    return (weights.unsqueeze(-1) * h).sum(dim=0)
-
-
-def context_unweighted(weights, h):
-    return h.mean(dim=1)
-
-
-def context_unweighted_sum(weights, h):
-    return h.sum(dim=1)
-
-
-def context_keepdim(weights, h):
-    return weights.unsqueeze(1) @ h
-
-
-def context_weights_misaligned(weights, h):
-    return (weights.unsqueeze(1) * h).sum(dim=1)
-
-
 CONTEXT_MISTAKES = (
-    Mistake("summed over the feature axis", context_feature_axis,
+    Mistake("summed over the feature axis", lambda weights, h: (weights.unsqueeze(-1) * h).sum(dim=-1),
             "You summed over the feature axis: the context sums the weighted states over the time axis (dim=1), "
             "keeping the features: (weights[:, :, None] * h).sum(dim=1)."),
-    Mistake("summed over the batch axis", context_batch_axis,
+    Mistake("summed over the batch axis", lambda weights, h: (weights.unsqueeze(-1) * h).sum(dim=0),
             "You summed over the batch axis: the context sums over the time axis (dim=1), one vector per sequence."),
-    Mistake("weights unused", context_unweighted,
+    Mistake("weights unused", lambda weights, h: h.mean(dim=1),
             "The weights have no effect: the context is the weighted sum Σ_i α_i h_i, not the mean of the states."),
-    Mistake("weights unused (sum)", context_unweighted_sum,
+    Mistake("weights unused (sum)", lambda weights, h: h.sum(dim=1),
             "The weights have no effect: multiply each state h_i by its weight α_i before summing."),
-    Mistake("middle axis kept", context_keepdim,
+    Mistake("middle axis kept", lambda weights, h: weights.unsqueeze(1) @ h,
             "Your context has shape (B, 1, D_h): remove the middle axis (.squeeze(1)) to return (B, D_h)."),
-    Mistake("weights broadcast along the features", context_weights_misaligned,
+    Mistake("weights broadcast along the features", lambda weights, h: (weights.unsqueeze(1) * h).sum(dim=1),
             "The weights are lined up with the wrong axis of h: give them a trailing axis, weights[:, :, None] "
             "(B, T, 1), so that weight i scales the whole state h_i."),
 )

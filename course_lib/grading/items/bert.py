@@ -25,18 +25,13 @@ from torch import nn
 from ... import bert as ref
 from ... import bpe as ref_bpe
 from ..properties import (compare_cases, dtype_name, generator, ignored_get_no_gradient, layout, module_case,
-                          parameter_shapes, randn, variant)
+                          parameter_shapes, randn, type_name, variant)
 from ..properties import seed as salted_seed
 from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
-from ..wire import Opaque
 
 f32, f64 = torch.float32, torch.float64
 
-
-def _type_name(value) -> str:
-    """The type of an answer for a message (an :class:`Opaque` answer keeps only its name)."""
-    return value.type_name if isinstance(value, Opaque) else type(value).__name__
 
 # ---------------------------------------------------------------------------
 # bpe_train
@@ -314,11 +309,11 @@ def _run_mask(trial, ids, vocab_size, p, seed, label):
     out = answer.get("out")
     if not isinstance(out, tuple) or len(out) != 2:
         raise CheckFailed(f"On {label}: mask_tokens should return a tuple (masked_ids, labels), "
-                          f"got {_type_name(out)}.")
+                          f"got {type_name(out)}.")
     masked, labels = out
     for name, t in (("masked_ids", masked), ("labels", labels)):
         if not isinstance(t, torch.Tensor) or t.shape != original.shape or t.dtype != torch.long:
-            what = (f"{_type_name(t)}" if not isinstance(t, torch.Tensor)
+            what = (f"{type_name(t)}" if not isinstance(t, torch.Tensor)
                     else f"shape {tuple(t.shape)}, dtype {dtype_name(t.dtype)}")
             raise CheckFailed(f"On {label}: {name} should be a LongTensor of shape {tuple(original.shape)} "
                               f"like input_ids; got {what}.")

@@ -12,6 +12,7 @@ graded by the machine: at T = 262,144 a ``(T, T)`` tensor cannot be allocated.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -35,25 +36,6 @@ _HERE = "course_lib.grading.fixtures.efficient"
 # disturb any measurement of itself, and points are decided outside it. The windowed
 # attention's memory is graded by the machine instead (_no_room_for_a_square).
 ADVICE = "advice, no points (measured in your own process): "
-
-
-def _compare_probe(probe: str, *cases: Case, differ=None):
-    """Compare the student's answer with the reference's for a built-in ``probe``."""
-
-    def run(trial) -> None:
-        for case in cases:
-            expected = trial.reference(case.make(trial.device), probe)
-            got = trial.student(case.make(trial.device), case.label, probe)
-            problem = (differ or describe_difference)(expected, got)
-            if problem is None:
-                continue
-            message = f"On {case.label}: {problem}"
-            hint = trial.likely_mistake(case, got, expected, differ=differ, probe=probe)
-            if hint:
-                message += f"\n{LIKELY_CAUSE}{hint}"
-            raise CheckFailed(message)
-
-    return run
 
 
 # ---------------------------------------------------------------------------
@@ -83,37 +65,19 @@ def _window(T, window, causal, device):
     return ((d >= 0) & (d < window)) if causal else (d.abs() < window)
 
 
-def window_off_by_one(T, window, causal=True, device=None):
-    d = _distance(T, device)
-    return ((d >= 0) & (d <= window)) if causal else (d.abs() <= window)
+def _wrong_window(causal_rule=lambda d, w: (d >= 0) & (d < w), full_rule=lambda d, w: d.abs() < w,
+                  then=lambda mask: mask):
+    """A wrong window: ``causal_rule(d, window)`` / ``full_rule`` on the distances d = i - j, then ``then``."""
+
+    def sliding_window_mask(T, window, causal=True, device=None):
+        d = _distance(T, device)
+        return then(causal_rule(d, window) if causal else full_rule(d, window))
+
+    return sliding_window_mask
 
 
-def window_never_causal(T, window, causal=True, device=None):
-    return _distance(T, device).abs() < window
-
-
-def window_future(T, window, causal=True, device=None):
-    d = _distance(T, device)
-    return ((d <= 0) & (d > -window)) if causal else (d.abs() < window)
-
-
-def window_no_diagonal(T, window, causal=True, device=None):
-    d = _distance(T, device)
-    return ((d > 0) & (d <= window)) if causal else ((d.abs() <= window) & (d != 0))
-
-
-def window_inverted(T, window, causal=True, device=None):
-    return ~_window(T, window, causal, device)
-
-
-def window_float(T, window, causal=True, device=None):
-    return _window(T, window, causal, device).float()
-
-
-def window_half_width(T, window, causal=True, device=None):
-    d = _distance(T, device)
-    return ((d >= 0) & (d < window)) if causal else (d.abs() < (window + 1) // 2)
-
+window_off_by_one = _wrong_window(lambda d, w: (d >= 0) & (d <= w), lambda d, w: d.abs() <= w)
+window_never_causal = _wrong_window(lambda d, w: d.abs() < w)
 
 WINDOW_MISTAKES = (
     Mistake("off-by-one window", window_off_by_one,
@@ -122,14 +86,14 @@ WINDOW_MISTAKES = (
     Mistake("window not causal", window_never_causal,
             "Your causal window also looks into the future (|i - j| < window): with causal=True keep only the keys "
             "with 0 <= i - j < window."),
-    Mistake("window over the future", window_future,
+    Mistake("window over the future", _wrong_window(lambda d, w: (d <= 0) & (d > -w)),
             "Your window covers the next keys instead of the previous ones: query i sees i-w+1 .. i, "
             "so the distance i - j (query minus key) is between 0 and window - 1."),
-    Mistake("diagonal excluded", window_no_diagonal,
+    Mistake("diagonal excluded", _wrong_window(lambda d, w: (d > 0) & (d <= w), lambda d, w: (d.abs() <= w) & (d != 0)),
             "A query must see itself (distance 0): the window covers distances 0 .. window-1."),
-    Mistake("inverted", window_inverted, "Your mask is inverted: True means 'may attend'."),
-    Mistake("float mask", window_float, "Return a boolean mask (dtype=torch.bool): True means 'may attend'."),
-    Mistake("non-causal window halved", window_half_width,
+    Mistake("inverted", _wrong_window(then=lambda mask: ~mask), "Your mask is inverted: True means 'may attend'."),
+    Mistake("float mask", _wrong_window(then=lambda mask: mask.float()), "Return a boolean mask (dtype=torch.bool): True means 'may attend'."),
+    Mistake("non-causal window halved", _wrong_window(full_rule=lambda d, w: d.abs() < (w + 1) // 2),
             "Without causality the window reaches window-1 keys on each side (|i - j| < window), not half of it."),
 )
 
@@ -170,44 +134,31 @@ def _dilated_case(T, window, dilation, causal=True) -> Case:
                 lambda device: {"T": T, "window": window, "dilation": dilation, "causal": causal, "device": device})
 
 
-def dilated_span(T, window, dilation, causal=True, device=None):
-    d = _distance(T, device)
-    d = d if causal else d.abs()
-    return (d >= 0) & (d % dilation == 0) & (d < window)
+def _dilated(span=lambda w, k: w * k, gap=lambda w, k: k, inclusive=False, always_abs=False):
+    """A wrong dilated window: distances below ``span(window, dilation)`` (up to it when ``inclusive``),
+    multiples of ``gap(window, dilation)``, not causal (``always_abs``)."""
 
+    def dilated_window_mask(T, window, dilation, causal=True, device=None):
+        d = _distance(T, device)
+        d = d.abs() if always_abs or not causal else d
+        limit = span(window, dilation)
+        return (d >= 0) & (d % gap(window, dilation) == 0) & ((d <= limit) if inclusive else (d < limit))
 
-def dilated_off_by_one(T, window, dilation, causal=True, device=None):
-    d = _distance(T, device)
-    d = d if causal else d.abs()
-    return (d >= 0) & (d % dilation == 0) & (d <= window * dilation)
-
-
-def dilated_ignored(T, window, dilation, causal=True, device=None):
-    return _window(T, window, causal, device)
-
-
-def dilated_not_causal(T, window, dilation, causal=True, device=None):
-    d = _distance(T, device).abs()
-    return (d % dilation == 0) & (d < window * dilation)
-
-
-def dilated_gaps_swapped(T, window, dilation, causal=True, device=None):
-    d = _distance(T, device)
-    d = d if causal else d.abs()
-    return (d >= 0) & (d % window == 0) & (d < window * dilation)
+    return dilated_window_mask
 
 
 DILATED_MISTAKES = (
-    Mistake("window is a span", dilated_span,
+    Mistake("window is a span", _dilated(span=lambda w, k: w),
             "`window` is the number of keys each query sees (distances 0, dilation, …, (window-1)·dilation), "
             "not the span of distances: allow distance < window · dilation."),
-    Mistake("off by one", dilated_off_by_one,
+    Mistake("off by one", _dilated(inclusive=True),
             "One key too many: the last key is at distance (window-1)·dilation, so compare with < window · dilation."),
-    Mistake("dilation ignored", dilated_ignored,
+    Mistake("dilation ignored",
+            lambda T, window, dilation, causal=True, device=None: _window(T, window, causal, device),
             "The dilation has no effect: keep only the distances that are multiples of `dilation` (distance % dilation == 0)."),
-    Mistake("not causal", dilated_not_causal,
+    Mistake("not causal", _dilated(always_abs=True),
             "With causal=True a query sees only earlier keys: the distance i - j must be ≥ 0."),
-    Mistake("window and dilation swapped", dilated_gaps_swapped,
+    Mistake("window and dilation swapped", _dilated(gap=lambda w, k: w),
             "The gaps between keys are `dilation`, and there are `window` keys: test distance % dilation, not % window."),
 )
 
@@ -245,54 +196,35 @@ def _global_case(T, window, positions, batch=None, tensor=False) -> Case:
                 make)
 
 
-def global_rows_only(mask, global_positions):
-    out = mask.clone()
-    out[..., torch.as_tensor(global_positions, dtype=torch.long), :] = True
-    return out
+def _global(rows=True, cols=True, keep_window=True, causal_cols=False):
+    """Wrong global tokens: only their rows or only their columns set, the window lost, the
+    columns kept causal (only the queries after a global token see it)."""
 
+    def add_global_tokens(mask, global_positions):
+        out = mask.clone() if keep_window else torch.zeros_like(mask)
+        g = torch.as_tensor(global_positions, dtype=torch.long)
+        if rows:
+            out[..., g, :] = True
+        if causal_cols:
+            out[..., :, g] |= (torch.arange(mask.size(-1))[:, None] >= g[None, :]).to(mask.device)
+        elif cols:
+            out[..., :, g] = True
+        return out
 
-def global_columns_only(mask, global_positions):
-    out = mask.clone()
-    out[..., :, torch.as_tensor(global_positions, dtype=torch.long)] = True
-    return out
-
-
-def global_without_mask(mask, global_positions):
-    out = torch.zeros_like(mask)
-    g = torch.as_tensor(global_positions, dtype=torch.long)
-    out[..., g, :] = True
-    out[..., :, g] = True
-    return out
-
-
-def global_causal_columns(mask, global_positions):
-    out = mask.clone()
-    g = torch.as_tensor(global_positions, dtype=torch.long)
-    T = mask.size(-1)
-    out[..., g, :] = True
-    later = torch.arange(T)[:, None] >= g[None, :]  # only queries after the global token see it
-    out[..., :, g] |= later.to(mask.device)
-    return out
-
-
-def global_in_place(mask, global_positions):
-    g = torch.as_tensor(global_positions, dtype=torch.long)
-    mask[..., g, :] = True
-    mask[..., :, g] = True
-    return mask
+    return add_global_tokens
 
 
 GLOBAL_MISTAKES = (
-    Mistake("rows only", global_rows_only,
+    Mistake("rows only", _global(cols=False),
             "The global tokens see every key, but the other queries do not see them: set their columns to True too "
             "(mask[..., :, g] = True)."),
-    Mistake("columns only", global_columns_only,
+    Mistake("columns only", _global(rows=False),
             "Every query sees the global tokens, but they do not see every key: set their rows to True too "
             "(mask[..., g, :] = True)."),
-    Mistake("the window is lost", global_without_mask,
+    Mistake("the window is lost", _global(keep_window=False),
             "Your mask keeps only the global pattern: start from a copy of `mask` (mask.clone()) and add the rows "
             "and columns of the global positions."),
-    Mistake("global columns kept causal", global_causal_columns,
+    Mistake("global columns kept causal", _global(causal_cols=True),
             "Every query attends to a global token, including the queries before it: set its whole column to True."),
 )
 
@@ -473,7 +405,7 @@ def _os_case(seed, batch, T_q, T_k, d, block, causal, dtype, scale=1.0, d_v=None
                 f"block_size = {block}, causal={causal}{sharp}", make)
 
 
-def _tiles(q, k, v, block_size, causal, *, rescale_acc=True, rescale_sum=True, use_max=True, scale=True,
+def _tiles(q, k, v, block_size, causal=False, *, rescale_acc=True, rescale_sum=True, use_max=True, scale=True,
            drop_last=False, local_cols=False):
     """The online softmax with one part left out (for the catalogue)."""
     T_q, T_k = q.size(-2), k.size(-2)
@@ -500,51 +432,23 @@ def _tiles(q, k, v, block_size, causal, *, rescale_acc=True, rescale_sum=True, u
     return acc / l
 
 
-def online_no_rescale(q, k, v, block_size, causal=False):
-    return _tiles(q, k, v, block_size, causal, rescale_acc=False, rescale_sum=False)
-
-
-def online_sum_only_rescaled(q, k, v, block_size, causal=False):
-    return _tiles(q, k, v, block_size, causal, rescale_acc=False)
-
-
-def online_acc_only_rescaled(q, k, v, block_size, causal=False):
-    return _tiles(q, k, v, block_size, causal, rescale_sum=False)
-
-
-def online_no_scale(q, k, v, block_size, causal=False):
-    return _tiles(q, k, v, block_size, causal, scale=False)
-
-
-def online_last_block_dropped(q, k, v, block_size, causal=False):
-    return _tiles(q, k, v, block_size, causal, drop_last=True)
-
-
-def online_block_local_causal(q, k, v, block_size, causal=False):
-    return _tiles(q, k, v, block_size, causal, local_cols=True)
-
-
-def online_no_max(q, k, v, block_size, causal=False):
-    return _tiles(q, k, v, block_size, causal, use_max=False)
-
-
 ONLINE_MISTAKES = (
-    Mistake("running max not rescaled", online_no_rescale,
+    Mistake("running max not rescaled", partial(_tiles, rescale_acc=False, rescale_sum=False),
             "When a block raises the running max from m to m', what was accumulated so far was computed with "
             "exp(s - m): multiply both the running sum and the output accumulator by exp(m - m') before adding the "
             "new block."),
-    Mistake("only the sum rescaled", online_sum_only_rescaled,
+    Mistake("only the sum rescaled", partial(_tiles, rescale_acc=False),
             "You rescale the running sum but not the output accumulator: multiply the accumulator by exp(m - m') too."),
-    Mistake("only the accumulator rescaled", online_acc_only_rescaled,
+    Mistake("only the accumulator rescaled", partial(_tiles, rescale_sum=False),
             "You rescale the output accumulator but not the running sum: multiply the sum by exp(m - m') too."),
-    Mistake("no scaling", online_no_scale, "The scores are not scaled: divide q kᵀ by √d_k."),
-    Mistake("last block dropped", online_last_block_dropped,
+    Mistake("no scaling", partial(_tiles, scale=False), "The scores are not scaled: divide q kᵀ by √d_k."),
+    Mistake("last block dropped", partial(_tiles, drop_last=True),
             "The last block of keys is left out: loop over range(0, T_k, block_size), and let the last block be "
             "shorter when block_size does not divide T_k."),
-    Mistake("causal mask per block", online_block_local_causal,
+    Mistake("causal mask per block", partial(_tiles, local_cols=True),
             "The causal mask compares the query with the key's position inside its block: use the key's position "
             "in the whole sequence (start + j)."),
-    Mistake("no running max", online_no_max,
+    Mistake("no running max", partial(_tiles, use_max=False),
             "Without subtracting a running max, exp(score) overflows on sharp attention (inf/inf = nan): keep the "
             "largest score seen so far and compute exp(s - max)."),
 )
@@ -593,56 +497,42 @@ def _cache_case(seed: int, steps: tuple[int, ...], B=2, H=3, d_k=4, d_v=5, dtype
 
 
 class _Cache:
+    """A key/value cache that goes wrong as its class attributes say: returning only the new keys,
+    prepending them, counting calls as its length, keeping the first append only."""
+
+    returns_new = prepends = counts_calls = keeps_first = False
+
     def __init__(self):
         self.k = self.v = None
         self.calls = 0
 
-    def __len__(self):
-        return 0 if self.k is None else self.k.size(-2)
-
-
-class CacheReturnsNew(_Cache):
-    def append(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return k, v
-
-
-class CachePrepends(_Cache):
-    def append(self, k, v):
-        self.k = k if self.k is None else torch.cat([k, self.k], dim=-2)
-        self.v = v if self.v is None else torch.cat([v, self.v], dim=-2)
-        return self.k, self.v
-
-
-class CacheCountsCalls(_Cache):
     def append(self, k, v):
         self.calls += 1
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
-
-    def __len__(self):
-        return self.calls
-
-
-class CacheKeepsFirst(_Cache):
-    def append(self, k, v):
         if self.k is None:
             self.k, self.v = k, v
-        return self.k, self.v
+        elif not self.keeps_first:
+            self.k = torch.cat([k, self.k] if self.prepends else [self.k, k], dim=-2)
+            self.v = torch.cat([v, self.v] if self.prepends else [self.v, v], dim=-2)
+        return (k, v) if self.returns_new else (self.k, self.v)
+
+    def __len__(self):
+        return self.calls if self.counts_calls else (0 if self.k is None else self.k.size(-2))
+
+
+def _cache(name: str, **wrong: bool) -> type:
+    return type(name, (_Cache,), {**wrong, "__module__": __name__})
 
 
 CACHE_MISTAKES = (
-    Mistake("returns only the new keys", CacheReturnsNew,
+    Mistake("returns only the new keys", _cache("CacheReturnsNew", returns_new=True),
             "append must return everything cached so far (the old keys and values followed by the new ones), so that "
             "the new token attends to all earlier positions."),
-    Mistake("prepends", CachePrepends,
+    Mistake("prepends", _cache("CachePrepends", prepends=True),
             "The new keys go before the cached ones: concatenate in time order, torch.cat([self.k, k], dim=-2)."),
-    Mistake("len counts calls", CacheCountsCalls,
+    Mistake("len counts calls", _cache("CacheCountsCalls", counts_calls=True),
             "len(cache) must be the number of cached time steps (K.size(-2)), not the number of append calls: "
             "a prompt appends many positions at once."),
-    Mistake("keeps the first append only", CacheKeepsFirst,
+    Mistake("keeps the first append only", _cache("CacheKeepsFirst", keeps_first=True),
             "Later appends are dropped: concatenate every new k and v onto the cache."),
 )
 
@@ -671,10 +561,10 @@ def _cache_spec() -> ItemSpec:
         mistakes=CACHE_MISTAKES,
         subchecks=(
             SubCheck("a prompt of 3 positions then two single steps: append returns everything so far, len counts "
-                     "positions", 1, _compare_probe("methods", _cache_case(10, (3, 1, 1)), differ=_cache_differ)),
+                     "positions", 1, compare_cases(_cache_case(10, (3, 1, 1)), probe="methods", differ=_cache_differ)),
             SubCheck("one position first, then 4 at once, then 1; float64; a batch of 1 with 1 head", 1,
-                     _compare_probe("methods", _cache_case(20, (1, 4, 1), dtype=f64),
-                                    _cache_case(30, (2, 1, 1, 1), B=1, H=1, d_k=8, d_v=2), differ=_cache_differ),
+                     compare_cases(_cache_case(20, (1, 4, 1), dtype=f64), _cache_case(30, (2, 1, 1, 1), B=1, H=1, d_k=8, d_v=2),
+                                   probe="methods", differ=_cache_differ),
                      hidden=True),
         ),
     )
@@ -703,21 +593,6 @@ def _gen_case(seed: int, B: int, T: int, new: int, block: int, temperature: floa
                 make)
 
 
-class _PlainCache:
-    """A correct cache written here (mistake variants never call a reference)."""
-
-    def __init__(self):
-        self.k = self.v = None
-
-    def append(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
-
-    def __len__(self):
-        return 0 if self.k is None else self.k.size(-2)
-
-
 def _gen_loop(step):
     def gen(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
         from ...sampling import sample_next_token
@@ -728,43 +603,26 @@ def _gen_loop(step):
     return gen
 
 
-def _reappend(model, idx, n, sample):
-    caches = [_PlainCache() for _ in model.blocks]
-    for _ in range(n):
-        logits = model(idx, caches=caches)[:, -1, :]
-        idx = torch.cat([idx, sample(logits)[:, None]], 1)
-    return idx
+def _cached(whole=False, position=-1, new_only=False):
+    """A wrong cached generation: the whole sequence run at each step (``whole``), the first
+    token read at ``position``, only the new tokens returned."""
 
+    def step(model, idx, n, sample):
+        caches = [_Cache() for _ in model.blocks]
+        prompt = idx.size(1)
+        if whole:
+            for _ in range(n):
+                idx = torch.cat([idx, sample(model(idx, caches=caches)[:, -1, :])[:, None]], 1)
+            return idx
+        logits = model(idx, caches=caches)[:, position, :]
+        for i in range(n):
+            nxt = sample(logits)
+            idx = torch.cat([idx, nxt[:, None]], 1)
+            if i < n - 1:
+                logits = model(nxt[:, None], caches=caches)[:, -1, :]
+        return idx[:, prompt:] if new_only else idx
 
-def _no_crop(model, idx, n, sample):
-    caches = [_PlainCache() for _ in model.blocks]
-    logits = model(idx, caches=caches)[:, -1, :]
-    for step in range(n):
-        nxt = sample(logits)
-        idx = torch.cat([idx, nxt[:, None]], 1)
-        if step < n - 1:
-            logits = model(nxt[:, None], caches=caches)[:, -1, :]
-    return idx
-
-
-def _first_logits(model, idx, n, sample):
-    caches = [_PlainCache() for _ in model.blocks]
-    logits = model(idx, caches=caches)[:, 0, :]
-    for step in range(n):
-        nxt = sample(logits)
-        idx = torch.cat([idx, nxt[:, None]], 1)
-        if step < n - 1:
-            logits = model(nxt[:, None], caches=caches)[:, -1, :]
-    return idx
-
-
-def _new_only(model, idx, n, sample):
-    return _no_crop(model, idx, n, sample)[:, idx.size(1):]
-
-
-generate_reappends_prompt = _gen_loop(_reappend)
-generate_first_logits = _gen_loop(_first_logits)
-generate_new_only = _gen_loop(_new_only)
+    return _gen_loop(step)
 
 
 WHOLE_SEQUENCE_HINT = (
@@ -773,10 +631,10 @@ WHOLE_SEQUENCE_HINT = (
     "token only (idx[:, -1:]) with the caches.")
 
 GENERATE_MISTAKES = (
-    Mistake("cache re-appends the prompt", generate_reappends_prompt, WHOLE_SEQUENCE_HINT),
-    Mistake("first position's logits", generate_first_logits,
+    Mistake("cache re-appends the prompt", _cached(whole=True), WHOLE_SEQUENCE_HINT),
+    Mistake("first position's logits", _cached(position=0),
             "The first token comes from the logits of the prompt's first position: use the last one, logits[:, -1, :]."),
-    Mistake("returns only the new tokens", generate_new_only,
+    Mistake("returns only the new tokens", _cached(new_only=True),
             "Return the whole sequence, the prompt followed by the new tokens: shape (B, T + max_new_tokens)."),
 )
 
@@ -842,44 +700,34 @@ def _features_case(seed, shape, m, dtype, scale=0.5) -> Case:
     return Case(f"x {tuple(shape)} {dtype_name(dtype)}, projection ({m}, {shape[-1]})", make)
 
 
-def features_no_norm_term(x, projection):
-    return torch.exp(x @ projection.T) / math.sqrt(projection.size(0))
+def _features(half=0.5, squared=True, divide="sqrt", scale_inside=False):
+    """Wrong random features: exp(x Wᵀ − half·|x|² (|x| unless ``squared``)) divided by √m, m or 1,
+    with x scaled by d^(-1/4) first (``scale_inside``)."""
 
+    def features(x, projection):
+        if scale_inside:
+            x = x * x.size(-1) ** -0.25
+        norm = (x * x).sum(-1, keepdim=True) if squared else x.norm(dim=-1, keepdim=True)
+        f = torch.exp(x @ projection.T - half * norm) if half else torch.exp(x @ projection.T)
+        m = projection.size(0)
+        return f / math.sqrt(m) if divide == "sqrt" else (f / m if divide == "m" else f)
 
-def features_full_norm(x, projection):
-    return torch.exp(x @ projection.T - (x * x).sum(-1, keepdim=True)) / math.sqrt(projection.size(0))
-
-
-def features_no_sqrt_m(x, projection):
-    return torch.exp(x @ projection.T - 0.5 * (x * x).sum(-1, keepdim=True))
-
-
-def features_divided_by_m(x, projection):
-    return torch.exp(x @ projection.T - 0.5 * (x * x).sum(-1, keepdim=True)) / projection.size(0)
-
-
-def features_scaled_inside(x, projection):
-    x = x * x.size(-1) ** -0.25
-    return torch.exp(x @ projection.T - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(projection.size(0))
-
-
-def features_norm_not_squared(x, projection):
-    return torch.exp(x @ projection.T - 0.5 * x.norm(dim=-1, keepdim=True)) / math.sqrt(projection.size(0))
+    return features
 
 
 FEATURES_MISTAKES = (
-    Mistake("features without the |x|²/2 term", features_no_norm_term,
+    Mistake("features without the |x|²/2 term", _features(half=0),
             "exp(x Wᵀ) alone estimates exp(|a + b|²/2), not exp(a·b): subtract |x|²/2 inside the exponential, "
             "exp(x Wᵀ − |x|²/2) / √m."),
-    Mistake("|x|² instead of |x|²/2", features_full_norm,
+    Mistake("|x|² instead of |x|²/2", _features(half=1.0),
             "Subtract half the squared norm, |x|²/2 = 0.5 * (x * x).sum(-1, keepdim=True), not |x|²."),
-    Mistake("|x| instead of |x|²", features_norm_not_squared,
+    Mistake("|x| instead of |x|²", _features(squared=False),
             "The correction is half the squared norm |x|²/2, not half the norm: use (x * x).sum(-1, keepdim=True)."),
-    Mistake("no 1/√m", features_no_sqrt_m,
+    Mistake("no 1/√m", _features(divide=None),
             "Divide by √m (m = projection.size(0)) so that φ(a)·φ(b), a sum over m features, averages them."),
-    Mistake("divided by m", features_divided_by_m,
+    Mistake("divided by m", _features(divide="m"),
             "Divide each feature by √m, not m: the product φ(a)·φ(b) then carries the 1/m of an average."),
-    Mistake("x scaled inside", features_scaled_inside,
+    Mistake("x scaled inside", _features(scale_inside=True),
             "performer_features takes x as it is; the d^(-1/4) scaling of q and k belongs to the caller (so that "
             "a·b = q·k/√d)."),
 )
@@ -935,10 +783,6 @@ def linear_unnormalised(q, k, v, feature_map, causal=False):
     return fq @ (fk.transpose(-2, -1) @ v)
 
 
-def linear_causal_ignored(q, k, v, feature_map, causal=False):
-    return _lin(feature_map(q), feature_map(k), v, False)
-
-
 def linear_causal_exclusive(q, k, v, feature_map, causal=False):
     if not causal:
         return _lin(feature_map(q), feature_map(k), v, False)
@@ -959,7 +803,7 @@ LINEAR_MISTAKES = (
     Mistake("no normalisation", linear_unnormalised,
             "The output is not normalised: divide φ(q)(φ(k)ᵀv) by φ(q)·Σ_j φ(k_j), the kernel's version of the "
             "softmax's denominator."),
-    Mistake("causal ignored", linear_causal_ignored,
+    Mistake("causal ignored", lambda q, k, v, feature_map, causal=False: _lin(feature_map(q), feature_map(k), v, False),
             "With causal=True query i may use keys 0 .. i only: accumulate φ(k_j) v_jᵀ and φ(k_j) with prefix sums "
             "(torch.cumsum over time) instead of summing over all keys."),
     Mistake("causal sums exclude the query's own key", linear_causal_exclusive,

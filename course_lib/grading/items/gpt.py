@@ -23,19 +23,15 @@ from ... import sampling as ref_sampling
 from ..calls import Invoke, realise, unwatched
 from ..compare import fmt_num
 from ..properties import (compare_cases, dtype_name, generator, layout, module_case, module_gradients, randn,
-                          reference_state, variant)
+                          reference_state, type_name, variant)
 from ..properties import seed as salted_seed
 from ..fixtures.gpt import CentroidModel, ContextSumModel, GaussianSampler, TinyLM  # noqa: F401
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
-from ..wire import Build, Opaque
+from ..wire import Build
 
 f32, f64 = torch.float32, torch.float64
 _HERE = "course_lib.grading.fixtures.gpt"  # Build targets, built on the student's side
 
-
-def _type_name(value) -> str:
-    """The type of an answer for a message (an :class:`Opaque` answer keeps only its name)."""
-    return value.type_name if isinstance(value, Opaque) else type(value).__name__
 
 # ---------------------------------------------------------------------------
 # GPTBlock
@@ -172,7 +168,7 @@ def _block_causal(trial) -> None:
     out_a = trial.student(a, case.label)
     out_b = trial.student(b, case.label)
     if not isinstance(out_a, Tensor) or not isinstance(out_b, Tensor):
-        raise CheckFailed(f"GPTBlock.forward should return a tensor (B, T, d_model), got {_type_name(out_a)}.")
+        raise CheckFailed(f"GPTBlock.forward should return a tensor (B, T, d_model), got {type_name(out_a)}.")
     diff = (out_a[:, :-1] - out_b[:, :-1]).abs().max().item()
     if not diff < 1e-9:
         raise CheckFailed(
@@ -250,7 +246,7 @@ class _SampleCase:
 def _validate_samples(case: _SampleCase, got, device) -> Tensor:
     B, V = len(case.rows) * case.n, len(case.rows[0])
     if not isinstance(got, Tensor):
-        raise CheckFailed(f"On {case.label}: expected a LongTensor of shape ({B},), got {_type_name(got)}.")
+        raise CheckFailed(f"On {case.label}: expected a LongTensor of shape ({B},), got {type_name(got)}.")
     if got.dtype != torch.long:
         raise CheckFailed(f"On {case.label}: expected token ids as a LongTensor (int64), got dtype {dtype_name(got.dtype)}.")
     if tuple(got.shape) != (B,):
@@ -564,9 +560,12 @@ def _few_shot_case(seed: int, shots: tuple, n_eval: int, dropout: float, trainin
     return Case(f"a nearest-centroid model {mode}, shots={list(shots)}, n_eval={n_eval}", make)
 
 
-def _describe_accuracy(expected: dict, got) -> str | None:
+def _accuracy_differ(expected, got) -> str | None:
+    """How ``got`` differs from the accuracies ``expected`` (a dict {shots: accuracy}); None if it does not."""
+    if not isinstance(expected, dict):
+        return None if expected == got else "different"
     if not isinstance(got, dict):
-        return f"the result should be a dict {{shots: accuracy}}, got a {_type_name(got)}."
+        return f"the result should be a dict {{shots: accuracy}}, got a {type_name(got)}."
     if list(got.keys()) != list(expected.keys()):
         return f"the keys should be the numbers of shots {list(expected)} (in order), got {list(got)}."
     for k, e in expected.items():
@@ -574,35 +573,10 @@ def _describe_accuracy(expected: dict, got) -> str | None:
         if isinstance(g, Tensor):
             return f"the accuracy for {k} shots is a tensor: return a Python float (.item())."
         if not isinstance(g, float):
-            return f"the accuracy for {k} shots should be a float, got {_type_name(g)}."
+            return f"the accuracy for {k} shots should be a float, got {type_name(g)}."
         if not abs(g - e) <= 1e-6:  # also catches NaN
             return f"the accuracy for {k} shots should be {e:.4f}, got {fmt_num(g)}."
     return None
-
-
-def _accuracy_differ(a, b) -> str | None:
-    """``differ`` for :meth:`Trial.likely_mistake`: ``b`` read against ``a``'s accuracies."""
-    if not isinstance(a, dict):
-        return None if a == b else "different"
-    return _describe_accuracy(a, b)
-
-
-def _compare_accuracy(*cases: Case):
-    def run(trial) -> None:
-        for case in cases:
-            expected = trial.reference(case.make(trial.device))
-            inputs = case.make(trial.device)
-            got = trial.student(inputs, case.label)
-            problem = _describe_accuracy(expected, got)
-            if problem is None:
-                continue
-            message = f"On {case.label}: {problem}"
-            hint = trial.likely_mistake(case, got, expected, differ=_accuracy_differ)
-            if hint:
-                message += f"\nLikely cause: {hint}"
-            raise CheckFailed(message)
-
-    return run
 
 
 def _no_parameter_changes(trial) -> None:
@@ -686,9 +660,10 @@ def _few_shot_spec() -> ItemSpec:
         reference=ref_icl.few_shot_accuracy,
         mistakes=FEW_SHOT_MISTAKES,
         subchecks=(
-            SubCheck("matches the reference on a nearest-centroid model, shots 0, 1, 4", 1, _compare_accuracy(visible)),
+            SubCheck("matches the reference on a nearest-centroid model, shots 0, 1, 4", 1,
+                     compare_cases(visible, differ=_accuracy_differ)),
             SubCheck("shots in any order; a model with dropout in train mode is evaluated in eval mode", 1,
-                     _compare_accuracy(*hidden), hidden=True),
+                     compare_cases(*hidden, differ=_accuracy_differ), hidden=True),
             SubCheck("no parameter changes, no gradients, train mode restored", 1, _no_parameter_changes, hidden=True),
         ),
     )

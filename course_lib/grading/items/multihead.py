@@ -50,63 +50,39 @@ def _merge_case(B: int, H: int, T: int, d_head: int, dtype: torch.dtype, seed: i
     return Case(f"x ({B}, {H}, {T}, {d_head}) {dtype_name(dtype)} with {values}", make)
 
 
-def split_no_transpose(x, num_heads):
-    B, T, D = x.shape
-    return x.reshape(B, num_heads, T, D // num_heads)
+def _split(order, then=lambda y: y):
+    """A wrong split: x (B, T, D) reshaped to ``order(B, T, H, D // H)``, then ``then``."""
 
+    def split_heads(x, num_heads):
+        B, T, D = x.shape
+        return then(x.reshape(*order(B, T, num_heads, D // num_heads)))
 
-def split_strided(x, num_heads):
-    B, T, D = x.shape
-    return x.reshape(B, T, D // num_heads, num_heads).permute(0, 3, 1, 2)
-
-
-def split_head_axis_third(x, num_heads):
-    B, T, D = x.shape
-    return x.reshape(B, T, num_heads, D // num_heads)
-
-
-def split_head_size_as_count(x, num_heads):
-    B, T, D = x.shape
-    return x.reshape(B, T, D // num_heads, num_heads).transpose(1, 2)
+    return split_heads
 
 
 SPLIT_MISTAKES = (
-    Mistake("reshaped without transpose", split_no_transpose,
+    Mistake("reshaped without transpose", _split(lambda B, T, H, d: (B, H, T, d)),
             "You reshaped (B, T, D) straight to (B, H, T, D/H), which mixes features of different "
             "positions into one head: reshape to (B, T, H, D/H) first, then .transpose(1, 2)."),
-    Mistake("head size and head count swapped", split_head_size_as_count,
+    Mistake("head size and head count swapped", _split(lambda B, T, H, d: (B, T, d, H), lambda y: y.transpose(1, 2)),
             "The shape comes out as (B, D/H, T, H): the head axis has size num_heads and each head "
             "gets D/H features, so reshape to (B, T, num_heads, D // num_heads)."),
-    Mistake("strided features", split_strided,
+    Mistake("strided features", _split(lambda B, T, H, d: (B, T, d, H), lambda y: y.permute(0, 3, 1, 2)),
             "Head j should get the contiguous block of features j·D/H … (j+1)·D/H − 1, but yours "
             "gets every H-th feature: reshape to (B, T, H, D/H), not (B, T, D/H, H)."),
-    Mistake("no transpose", split_head_axis_third,
+    Mistake("no transpose", _split(lambda B, T, H, d: (B, T, H, d)),
             "You returned (B, T, H, D/H): transpose(1, 2) so that the head axis comes second, (B, H, T, D/H)."),
 )
 
 
-def merge_no_transpose(x):
-    B, H, T, d = x.shape
-    return x.reshape(B, T, H * d)
-
-
-def merge_strided(x):
-    B, H, T, d = x.shape
-    return x.permute(0, 2, 3, 1).reshape(B, T, H * d)
-
-
-def merge_mean(x):
-    return x.mean(dim=1)
-
-
 MERGE_MISTAKES = (
-    Mistake("reshaped without transpose", merge_no_transpose,
+    Mistake("reshaped without transpose", lambda x: x.reshape(x.size(0), x.size(2), -1),
             "You reshaped (B, H, T, d) straight to (B, T, H·d), which mixes positions: "
             ".transpose(1, 2) back to (B, T, H, d) first, then reshape to (B, T, H·d)."),
-    Mistake("strided features", merge_strided,
+    Mistake("strided features", lambda x: x.permute(0, 2, 3, 1).reshape(x.size(0), x.size(2), -1),
             "The heads are interleaved feature by feature: head j must fill the contiguous block "
             "j·d … (j+1)·d − 1, so transpose(1, 2) to (B, T, H, d) and then reshape."),
-    Mistake("heads averaged", merge_mean,
+    Mistake("heads averaged", lambda x: x.mean(dim=1),
             "You averaged the heads: merge_heads concatenates them, giving (B, T, H·d)."),
 )
 
@@ -353,42 +329,29 @@ def _hand_penalty_case() -> Case:
     return Case("the hand example A = [[0.5, 0.5, 0], [0, 0.5, 0.5]] (2 heads, 3 keys)", make)
 
 
-def penalty_gram_transposed(A):
-    eye = torch.eye(A.size(-1), dtype=A.dtype, device=A.device)
-    return (A.transpose(-2, -1) @ A - eye).pow(2).sum(dim=(-2, -1))
+def _penalty(transposed=False, entry=lambda e: e.pow(2), reduce=lambda p: p.sum(dim=(-2, -1))):
+    """A wrong penalty: Aᵀ A instead of A Aᵀ, another function of the entries of the Gram matrix
+    minus I, another reduction."""
 
+    def penalty(A):
+        gram = A.transpose(-2, -1) @ A if transposed else A @ A.transpose(-2, -1)
+        return reduce(entry(gram - torch.eye(gram.size(-1), dtype=A.dtype, device=A.device)))
 
-def penalty_not_squared(A):
-    eye = torch.eye(A.size(-2), dtype=A.dtype, device=A.device)
-    return (A @ A.transpose(-2, -1) - eye).pow(2).sum(dim=(-2, -1)).sqrt()
-
-
-def penalty_no_identity(A):
-    return (A @ A.transpose(-2, -1)).pow(2).sum(dim=(-2, -1))
-
-
-def penalty_summed_over_batch(A):
-    eye = torch.eye(A.size(-2), dtype=A.dtype, device=A.device)
-    return (A @ A.transpose(-2, -1) - eye).pow(2).sum()
-
-
-def penalty_abs(A):
-    eye = torch.eye(A.size(-2), dtype=A.dtype, device=A.device)
-    return (A @ A.transpose(-2, -1) - eye).abs().sum(dim=(-2, -1))
+    return penalty
 
 
 PENALTY_MISTAKES = (
-    Mistake("Aᵀ A instead of A Aᵀ", penalty_gram_transposed,
+    Mistake("Aᵀ A instead of A Aᵀ", _penalty(transposed=True),
             "You computed Aᵀ A (keys against keys, T_k × T_k); the penalty compares heads with heads: "
             "A Aᵀ is H × H (A @ A.transpose(-2, -1))."),
-    Mistake("norm not squared", penalty_not_squared,
+    Mistake("norm not squared", _penalty(reduce=lambda p: p.sum(dim=(-2, -1)).sqrt()),
             "You returned the Frobenius norm ‖A Aᵀ − I‖_F; the penalty is its square (no square root)."),
-    Mistake("identity not subtracted", penalty_no_identity,
+    Mistake("identity not subtracted", lambda A: (A @ A.transpose(-2, -1)).pow(2).sum(dim=(-2, -1)),
             "The identity is missing: the penalty is ‖A Aᵀ − I‖_F², subtract torch.eye(H) before squaring."),
-    Mistake("summed over the batch", penalty_summed_over_batch,
+    Mistake("summed over the batch", _penalty(reduce=lambda p: p.sum()),
             "You summed over every axis and returned one number; sum over the last two axes only, "
             "so that A (..., H, T_k) gives a penalty of shape (...)."),
-    Mistake("absolute values instead of squares", penalty_abs,
+    Mistake("absolute values instead of squares", _penalty(entry=torch.abs),
             "You summed absolute values; the squared Frobenius norm sums the squares of the entries."),
 )
 
@@ -423,37 +386,23 @@ def _count_case(d_model: int, num_heads: int, bias: bool | None = None) -> Case:
     return Case(label, lambda device: dict(kwargs))
 
 
-def count_no_output(d_model, num_heads, bias=True):
-    return 3 * d_model * d_model + (3 * d_model if bias else 0)
-
-
 def count_per_head_full(d_model, num_heads, bias=True):
     return num_heads * (3 * d_model * d_model + (3 * d_model if bias else 0)) + d_model * d_model + (d_model if bias else 0)
 
 
-def count_no_bias(d_model, num_heads, bias=True):
-    return 4 * d_model * d_model
-
-
-def count_bias_ignored(d_model, num_heads, bias=True):
-    return 4 * d_model * d_model + 4 * d_model
-
-
-def count_float(d_model, num_heads, bias=True):
-    return float(4 * d_model * d_model + (4 * d_model if bias else 0))
-
-
 COUNT_MISTAKES = (
-    Mistake("output map forgotten", count_no_output,
+    Mistake("output map forgotten",
+            lambda d_model, num_heads, bias=True: 3 * d_model * d_model + (3 * d_model if bias else 0),
             "You counted w_q, w_k and w_v but not the output map w_o: there are four d_model × d_model maps."),
     Mistake("full-size maps per head", count_per_head_full,
             "You gave every head full d_model × d_model maps; the heads share them, each using d_model / num_heads "
             "of the outputs, so the count does not grow with num_heads."),
-    Mistake("biases forgotten", count_no_bias,
+    Mistake("biases forgotten", lambda d_model, num_heads, bias=True: 4 * d_model * d_model,
             "The biases are missing: each of the four maps has d_model biases when bias=True."),
-    Mistake("bias argument ignored", count_bias_ignored,
+    Mistake("bias argument ignored", lambda d_model, num_heads, bias=True: 4 * d_model * d_model + 4 * d_model,
             "With bias=False there are no biases: count 4·d_model² only."),
-    Mistake("float result", count_float,
+    Mistake("float result",
+            lambda d_model, num_heads, bias=True: float(4 * d_model * d_model + (4 * d_model if bias else 0)),
             "Return a Python int (use // or int(...)), not a float."),
 )
 

@@ -34,70 +34,42 @@ def _angles(T: int, d: int, exponent, base: float = 10000.0, start: int = 0) -> 
     return pos / base ** exponent(i, d)
 
 
-def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:
-    return torch.stack([even, odd], dim=-1).flatten(-2).to(torch.get_default_dtype())
+def _pe(exponent=lambda i, d: 2 * i / d, cos_exponent=None, base=10000.0, start=0, swapped=False, halves=False,
+        dtype=None):
+    """A wrong encoding: another ``exponent(i, d)`` (for the cosines ``cos_exponent``), base or first
+    position, sine and cosine swapped, in halves instead of interleaved, left in ``dtype``."""
 
+    def encoding(num_positions, d_model):
+        a = _angles(num_positions, d_model, exponent, base, start)
+        b = _angles(num_positions, d_model, cos_exponent, base, start) if cos_exponent else a
+        even, odd = (b.cos(), a.sin()) if swapped else (a.sin(), b.cos())
+        if halves:
+            return torch.cat([even, odd], dim=-1).to(torch.get_default_dtype())
+        pe = torch.stack([even, odd], dim=-1).flatten(-2)
+        return pe.to(dtype or torch.get_default_dtype())
 
-def pe_sin_cos_swapped(num_positions, d_model):
-    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d)
-    return _interleave(a.cos(), a.sin())
-
-
-def pe_halves(num_positions, d_model):
-    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d)
-    return torch.cat([a.sin(), a.cos()], dim=-1).to(torch.get_default_dtype())
-
-
-def pe_exponent_without_2(num_positions, d_model):
-    a = _angles(num_positions, d_model, lambda i, d: i / d)
-    return _interleave(a.sin(), a.cos())
-
-
-def pe_column_exponent(num_positions, d_model):
-    even = _angles(num_positions, d_model, lambda i, d: 2 * i / d)
-    odd = _angles(num_positions, d_model, lambda i, d: (2 * i + 1) / d)
-    return _interleave(even.sin(), odd.cos())
-
-
-def pe_base_e(num_positions, d_model):
-    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d, base=math.e)
-    return _interleave(a.sin(), a.cos())
-
-
-def pe_multiplied(num_positions, d_model):
-    a = _angles(num_positions, d_model, lambda i, d: -2 * i / d)
-    return _interleave(a.sin(), a.cos())
-
-
-def pe_from_one(num_positions, d_model):
-    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d, start=1)
-    return _interleave(a.sin(), a.cos())
-
-
-def pe_float64(num_positions, d_model):
-    a = _angles(num_positions, d_model, lambda i, d: 2 * i / d)
-    return torch.stack([a.sin(), a.cos()], dim=-1).flatten(-2)
+    return encoding
 
 
 PE_MISTAKES = (
-    Mistake("sin and cos swapped", pe_sin_cos_swapped,
+    Mistake("sin and cos swapped", _pe(swapped=True),
             "Sine and cosine are swapped: even columns 2i hold sin(pos / 10000^{2i/d}), odd columns 2i+1 the cosine."),
-    Mistake("sine half and cosine half concatenated", pe_halves,
+    Mistake("sine half and cosine half concatenated", _pe(halves=True),
             "You put all sines in the first half and all cosines in the second (as some illustrations do); "
             "Vaswani et al. interleave them: column 2i is the sine and column 2i+1 the cosine of the same frequency."),
-    Mistake("exponent i/d", pe_exponent_without_2,
+    Mistake("exponent i/d", _pe(lambda i, d: i / d),
             "The exponent is i/d; it is 2i/d, where i = 0 … d/2 − 1 indexes the sine/cosine pair "
             "(equivalently: the even column index divided by d)."),
-    Mistake("cosine frequency from its own column", pe_column_exponent,
+    Mistake("cosine frequency from its own column", _pe(cos_exponent=lambda i, d: (2 * i + 1) / d),
             "The cosine in column 2i+1 uses exponent (2i+1)/d; it must use the same frequency as the sine in "
             "column 2i, exponent 2i/d."),
-    Mistake("wrong base", pe_base_e,
+    Mistake("wrong base", _pe(base=math.e),
             "The frequencies use base e (exp); the base is 10000: pos / 10000^{2i/d}."),
-    Mistake("multiplied by the power", pe_multiplied,
+    Mistake("multiplied by the power", _pe(lambda i, d: -2 * i / d),
             "You multiplied pos by 10000^{2i/d}; divide by it, so that the frequencies fall from 1 to about 1/10000."),
-    Mistake("positions start at 1", pe_from_one,
+    Mistake("positions start at 1", _pe(start=1),
             "Your positions start at 1; the first row is position 0 (sin 0 = 0, cos 0 = 1)."),
-    Mistake("float64 result", pe_float64,
+    Mistake("float64 result", _pe(dtype=f64),
             "The values are right but the result is float64: return torch's default dtype (float32), "
             "e.g. with .float() or by computing with torch tensors."),
 )
@@ -139,16 +111,8 @@ def _blocks(angles, transpose=False):
     return torch.block_diag(*blocks).to(torch.get_default_dtype())
 
 
-def shift_transposed(k, d_model):
-    return _blocks(k * _freqs(d_model), transpose=True)
-
-
 def shift_no_frequency(k, d_model):
     return _blocks(torch.full((d_model // 2,), float(k), dtype=f64))
-
-
-def shift_k_ignored(k, d_model):
-    return _blocks(_freqs(d_model))
 
 
 def shift_halves(k, d_model):
@@ -157,22 +121,18 @@ def shift_halves(k, d_model):
     return torch.cat([torch.cat([c, s], 1), torch.cat([-s, c], 1)], 0).to(torch.get_default_dtype())
 
 
-def shift_float64(k, d_model):
-    return _blocks(k * _freqs(d_model)).to(f64)
-
-
 SHIFT_MISTAKES = (
-    Mistake("rotation the wrong way", shift_transposed,
+    Mistake("rotation the wrong way", lambda k, d_model: _blocks(k * _freqs(d_model), transpose=True),
             "Your matrix shifts by −k (it is the transpose of M_k): for a (sin, cos) pair, "
             "sin(a + b) = sin a cos b + cos a sin b, so the block is [[cos kω, sin kω], [−sin kω, cos kω]]."),
     Mistake("angle without the frequency", shift_no_frequency,
             "Every pair is rotated by the angle k; pair i turns by k·ω_i with ω_i = 1 / 10000^{2i/d}."),
-    Mistake("k ignored", shift_k_ignored,
+    Mistake("k ignored", lambda k, d_model: _blocks(_freqs(d_model)),
             "Your matrix shifts by one position whatever k is: the angles are k·ω_i."),
     Mistake("built for sine and cosine halves", shift_halves,
             "Your matrix is laid out for a sine half and a cosine half; the encoding interleaves them "
             "(pair i sits in entries 2i, 2i+1), so M_k is block diagonal with 2 × 2 blocks."),
-    Mistake("float64 result", shift_float64,
+    Mistake("float64 result", lambda k, d_model: _blocks(k * _freqs(d_model)).to(f64),
             "The values are right but the result is float64: return torch's default dtype (float32)."),
 )
 
@@ -235,18 +195,6 @@ def _distance(T_q, T_k):
     return torch.arange(T_k)[None, :] - torch.arange(T_q)[:, None]
 
 
-def rel_sign_flipped(T_q, T_k, max_distance):
-    return (-_distance(T_q, T_k)).clamp(-max_distance, max_distance) + max_distance
-
-
-def rel_not_clipped(T_q, T_k, max_distance):
-    return _distance(T_q, T_k) + max_distance
-
-
-def rel_not_shifted(T_q, T_k, max_distance):
-    return _distance(T_q, T_k).clamp(-max_distance, max_distance)
-
-
 def rel_clipped_short(T_q, T_k, max_distance):
     return _distance(T_q, T_k).clamp(-max_distance + 1, max_distance - 1) + max_distance
 
@@ -256,13 +204,14 @@ def rel_int32(T_q, T_k, max_distance):
 
 
 REL_MISTAKES = (
-    Mistake("sign flipped", rel_sign_flipped,
+    Mistake("sign flipped",
+            lambda T_q, T_k, max_distance: (-_distance(T_q, T_k)).clamp(-max_distance, max_distance) + max_distance,
             "The distance has the wrong sign: entry [i, j] uses j − i (key position minus query position), "
             "so keys to the right of the query get indices above δ."),
-    Mistake("not clipped", rel_not_clipped,
+    Mistake("not clipped", lambda T_q, T_k, max_distance: _distance(T_q, T_k) + max_distance,
             "The distance is not clipped: distances beyond ±δ must be clamped to [−δ, δ] "
             "(torch.clamp) before adding δ, so the indices stay in [0, 2δ]."),
-    Mistake("not shifted by δ", rel_not_shifted,
+    Mistake("not shifted by δ", lambda T_q, T_k, max_distance: _distance(T_q, T_k).clamp(-max_distance, max_distance),
             "The indices are the clipped distances in [−δ, δ]; add δ so they run over [0, 2δ] and can index an embedding."),
     Mistake("clipped at δ − 1", rel_clipped_short,
             "You clipped to [−(δ−1), δ−1]; the range is [−δ, δ]: clamp(j − i, −δ, δ) + δ."),

@@ -224,30 +224,17 @@ def _fresh_padding_case(value: int) -> Case:
     return _padding_case(lengths, T)
 
 
-def padding_le(lengths, T):
-    return (torch.arange(T, device=lengths.device)[None, :] <= lengths[:, None])[:, None, :]
-
-
-def padding_inverted(lengths, T):
-    return (torch.arange(T, device=lengths.device)[None, :] >= lengths[:, None])[:, None, :]
-
-
-def padding_2d(lengths, T):
-    return torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]
-
-
-def padding_query_axis(lengths, T):
-    return (torch.arange(T, device=lengths.device)[None, :] < lengths[:, None])[:, :, None]
-
-
 PADDING_MISTAKES = (
-    Mistake("off by one", padding_le,
+    Mistake("off by one",
+            lambda lengths, T: (torch.arange(T, device=lengths.device)[None, :] <= lengths[:, None])[:, None, :],
             "One position too many is allowed: keys at positions 0..length-1 are real, so compare with < length, not <=."),
-    Mistake("inverted", padding_inverted,
+    Mistake("inverted",
+            lambda lengths, T: (torch.arange(T, device=lengths.device)[None, :] >= lengths[:, None])[:, None, :],
             "Your mask is inverted: True must mean 'may attend', i.e. a real (non-padding) key."),
-    Mistake("no query axis", padding_2d,
+    Mistake("no query axis", lambda lengths, T: torch.arange(T, device=lengths.device)[None, :] < lengths[:, None],
             "The mask has shape (B, T); add a middle axis of size 1 (shape (B, 1, T)) so it broadcasts over the queries."),
-    Mistake("query axis masked", padding_query_axis,
+    Mistake("query axis masked",
+            lambda lengths, T: (torch.arange(T, device=lengths.device)[None, :] < lengths[:, None])[:, :, None],
             "The mask has shape (B, T, 1), which masks queries; padding masks the keys: return shape (B, 1, T)."),
 )
 
