@@ -1,7 +1,9 @@
 """Where check specs live: item name -> ItemSpec.
 
-Each notebook's items are defined in one module of ``course_lib.grading.items``
-that exposes ``SPECS: dict[str, ItemSpec]``. Add a new module to ``ITEM_MODULES``.
+Each notebook's items are defined in a module of ``course_lib.grading.items`` (a long
+notebook's in several, one per idea: ``transformer_layers``, ``transformer_training``,
+``transformer_decoding``) that exposes ``SPECS: dict[str, ItemSpec]``. Add a new module to
+``ITEM_MODULES``.
 """
 
 from __future__ import annotations

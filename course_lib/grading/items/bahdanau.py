@@ -65,9 +65,7 @@ DOT_MISTAKES = (
 def _dot_spec() -> ItemSpec:
     hidden = (_dot_case(20, 4, 4, 4, f64), _dot_case(30, 1, 7, 3, f32), _dot_case(40, 5, 2, 16, f64))
     return ItemSpec(
-        name="dot_score",
-        reference=ref.dot_score,
-        mistakes=DOT_MISTAKES,
+        name="dot_score", reference=ref.dot_score, mistakes=DOT_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_dot_case())),
             SubCheck("matches the reference on a random batch", 1, compare_cases(_dot_case(10, 2, 5, 3, f32))),
@@ -104,9 +102,7 @@ def _general_spec() -> ItemSpec:
     hidden = (_general_case(60, 3, 4, 5, 5, f64), _general_case(70, 1, 6, 2, 7, f32),
               _general_case(80, 4, 3, 8, 3, f64))
     return ItemSpec(
-        name="general_score",
-        reference=ref.general_score,
-        mistakes=GENERAL_MISTAKES,
+        name="general_score", reference=ref.general_score, mistakes=GENERAL_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on a random batch (D_h ≠ D_s)", 1,
                      compare_cases(_general_case(50, 2, 5, 4, 3, f32))),
@@ -150,9 +146,7 @@ def _additive_spec() -> ItemSpec:
     hidden = (_additive_case(110, 3, 4, 4, 4, 4, f64), _additive_case(120, 1, 7, 3, 5, 2, f32),
               _additive_case(130, 4, 3, 6, 2, 8, f64))
     return ItemSpec(
-        name="additive_score",
-        reference=ref.additive_score,
-        mistakes=ADDITIVE_MISTAKES,
+        name="additive_score", reference=ref.additive_score, mistakes=ADDITIVE_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on a random batch", 1,
                      compare_cases(_additive_case(100, 2, 5, 4, 3, 6, f32))),
@@ -231,9 +225,7 @@ def _softmax_spec() -> ItemSpec:
         masked_weights_zero(t, props, index=None)
 
     return ItemSpec(
-        name="masked_softmax",
-        reference=ref.masked_softmax,
-        mistakes=SOFTMAX_MISTAKES,
+        name="masked_softmax", reference=ref.masked_softmax, mistakes=SOFTMAX_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_softmax_case())),
             SubCheck("matches the reference on a random padded batch", 1, compare_cases(visible)),
@@ -278,9 +270,7 @@ CONTEXT_MISTAKES = (
 def _context_spec() -> ItemSpec:
     hidden = (_context_case(330, 3, 3, 3, f64), _context_case(310, 4, 6, 3, f64), _context_case(320, 1, 1, 5, f32))
     return ItemSpec(
-        name="context_vector",
-        reference=ref.context_vector,
-        mistakes=CONTEXT_MISTAKES,
+        name="context_vector", reference=ref.context_vector, mistakes=CONTEXT_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on a random batch", 1, compare_cases(_context_case(300, 2, 5, 4, f32))),
             SubCheck("matches on other sizes and float64 (one position, B = T = D)", 1, compare_cases(*hidden),
@@ -397,10 +387,8 @@ def _attn_spec() -> ItemSpec:
                 raise CheckFailed(f"On {case.label}: `{name}` gets no gradient from the context.")
 
     return ItemSpec(
-        name="BahdanauAttention",
-        reference=ref.BahdanauAttention,
-        invoke=Invoke(module=True, forward=("h", "s", "mask")),
-        output_names=("context", "weights"),
+        name="BahdanauAttention", reference=ref.BahdanauAttention,
+        invoke=Invoke(module=True, forward=("h", "s", "mask")), output_names=("context", "weights"),
         mistakes=ATTENTION_MISTAKES,
         subchecks=(
             SubCheck("parameters W_h, W_s (with bias) and v with the right shapes", 1,

@@ -138,9 +138,7 @@ def _bpe_train_random(trial) -> None:
 
 def _bpe_train_spec() -> ItemSpec:
     return ItemSpec(
-        name="bpe_train",
-        reference=ref_bpe.bpe_train,
-        mistakes=BPE_TRAIN_MISTAKES,
+        name="bpe_train", reference=ref_bpe.bpe_train, mistakes=BPE_TRAIN_MISTAKES,
         subchecks=(
             SubCheck("the low/lower/newest/widest example, 6 merges", 1, compare_cases(_train_case(SENNRICH, 6))),
             SubCheck("ties go to the lexicographically smallest pair", 1,
@@ -243,9 +241,7 @@ def _fresh_encode_case() -> Case:
 
 def _bpe_encode_spec() -> ItemSpec:
     return ItemSpec(
-        name="bpe_encode",
-        reference=ref_bpe.bpe_encode,
-        mistakes=BPE_ENCODE_MISTAKES,
+        name="bpe_encode", reference=ref_bpe.bpe_encode, mistakes=BPE_ENCODE_MISTAKES,
         subchecks=(
             SubCheck("'unrelated' with the notebook's merges, and a fresh word with fresh merges", 1,
                      lambda t: t.compare([_encode_case("unrelated", HAND_MERGES, "the notebook's hand-made merges"),
@@ -455,10 +451,7 @@ MASK_MISTAKES = (
 
 def _mask_spec() -> ItemSpec:
     return ItemSpec(
-        name="mask_tokens",
-        reference=ref.mask_tokens,
-        mistakes=MASK_MISTAKES,
-        output_names=("masked_ids", "labels"),
+        name="mask_tokens", reference=ref.mask_tokens, mistakes=MASK_MISTAKES, output_names=("masked_ids", "labels"),
         subchecks=(
             SubCheck("returns (masked_ids, labels); labels are the original ids where selected, -100 elsewhere; "
                      "only selected tokens change", 1, _mask_consistency),
@@ -509,9 +502,7 @@ NSP_INPUT_MISTAKES = (
 
 def _nsp_input_spec() -> ItemSpec:
     return ItemSpec(
-        name="make_nsp_input",
-        reference=ref.make_nsp_input,
-        mistakes=NSP_INPUT_MISTAKES,
+        name="make_nsp_input", reference=ref.make_nsp_input, mistakes=NSP_INPUT_MISTAKES,
         output_names=("input_ids", "segment_ids"),
         subchecks=(
             SubCheck("[CLS] 10 11 [SEP] 12 13 14 [SEP], and fresh sentences", 1,
@@ -601,10 +592,8 @@ def _emb_parameters(trial) -> None:
 
 def _emb_spec() -> ItemSpec:
     return ItemSpec(
-        name="BertEmbeddings",
-        reference=ref.BertEmbeddings,
-        invoke=Invoke(module=True, forward=("input_ids", "segment_ids")),
-        mistakes=EMB_MISTAKES,
+        name="BertEmbeddings", reference=ref.BertEmbeddings,
+        invoke=Invoke(module=True, forward=("input_ids", "segment_ids")), mistakes=EMB_MISTAKES,
         subchecks=(
             SubCheck("parameters token, position, segment (nn.Embedding) and norm (nn.LayerNorm)", 1, _emb_parameters),
             SubCheck("matches the reference (same weights) on a batch of two-segment inputs", 1,
@@ -669,9 +658,7 @@ MLM_LOSS_MISTAKES = (
 
 def _mlm_loss_spec() -> ItemSpec:
     return ItemSpec(
-        name="mlm_loss",
-        reference=ref.mlm_loss,
-        mistakes=MLM_LOSS_MISTAKES,
+        name="mlm_loss", reference=ref.mlm_loss, mistakes=MLM_LOSS_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on a random batch", 1, compare_cases(_loss_case(800, 2, 8, 11, f32))),
             SubCheck("other shapes, float64, one selected position; gradients only at selected positions", 1,
@@ -716,10 +703,7 @@ NSP_MISTAKES = (
 
 def _nsp_spec() -> ItemSpec:
     return ItemSpec(
-        name="NSPHead",
-        reference=ref.NSPHead,
-        invoke=Invoke(module=True, forward=("hidden",)),
-        mistakes=NSP_MISTAKES,
+        name="NSPHead", reference=ref.NSPHead, invoke=Invoke(module=True, forward=("hidden",)), mistakes=NSP_MISTAKES,
         subchecks=(
             SubCheck("parameters pooler = nn.Linear(d, d) and classifier = nn.Linear(d, 2)", 1,
                      lambda t: parameter_shapes(t, (6,), {"pooler.weight": (6, 6), "pooler.bias": (6,),

@@ -109,9 +109,7 @@ def _window_device(trial) -> None:
 def _window_spec() -> ItemSpec:
     fresh = 5 + salted_seed(901) % 7
     return ItemSpec(
-        name="sliding_window_mask",
-        reference=ref_attention.sliding_window_mask,
-        mistakes=WINDOW_MISTAKES,
+        name="sliding_window_mask", reference=ref_attention.sliding_window_mask, mistakes=WINDOW_MISTAKES,
         subchecks=(
             SubCheck("causal window: T = 6, window = 3 (default causal) and a fresh size", 1,
                      compare_cases(_window_case(6, 3, None), _window_case(fresh, 2, True))),
@@ -165,9 +163,7 @@ DILATED_MISTAKES = (
 
 def _dilated_spec() -> ItemSpec:
     return ItemSpec(
-        name="dilated_window_mask",
-        reference=ref.dilated_window_mask,
-        mistakes=DILATED_MISTAKES,
+        name="dilated_window_mask", reference=ref.dilated_window_mask, mistakes=DILATED_MISTAKES,
         subchecks=(
             SubCheck("causal: T = 10, window = 3, dilation = 2", 1, compare_cases(_dilated_case(10, 3, 2))),
             SubCheck("non-causal, dilation 1 (the sliding window), dilation 3, window 1", 1,
@@ -243,9 +239,7 @@ def _global_leaves_input(trial) -> None:
 
 def _global_spec() -> ItemSpec:
     return ItemSpec(
-        name="add_global_tokens",
-        reference=ref.add_global_tokens,
-        mistakes=GLOBAL_MISTAKES,
+        name="add_global_tokens", reference=ref.add_global_tokens, mistakes=GLOBAL_MISTAKES,
         subchecks=(
             SubCheck("one global token (position 0) on a causal window mask (8, 8)", 1,
                      compare_cases(_global_case(8, 2, [0]))),
@@ -368,9 +362,7 @@ def _no_room_for_a_square(case: Case):
 def _swa_spec() -> ItemSpec:
     huge = _swa_case(90, (1,), 2**18, 4, 4, True, f32)
     return ItemSpec(
-        name="sliding_window_attention",
-        reference=ref.sliding_window_attention,
-        mistakes=SWA_MISTAKES,
+        name="sliding_window_attention", reference=ref.sliding_window_attention, mistakes=SWA_MISTAKES,
         subchecks=(
             SubCheck("equals masked full attention: causal, q, k, v (2, 12, 4), window 3", 1,
                      compare_cases(_swa_case(10, (2,), 12, 4, 3, True, f32))),
@@ -457,9 +449,7 @@ ONLINE_MISTAKES = (
 def _os_spec() -> ItemSpec:
     big = _os_case(95, (1,), 256, 256, 8, 16, False, f32)
     return ItemSpec(
-        name="online_softmax_attention",
-        reference=ref.online_softmax_attention,
-        mistakes=ONLINE_MISTAKES,
+        name="online_softmax_attention", reference=ref.online_softmax_attention, mistakes=ONLINE_MISTAKES,
         forbidden={F.scaled_dot_product_attention:
                    "it calls torch.nn.functional.scaled_dot_product_attention; compute the blocks yourself"},
         subchecks=(
@@ -556,9 +546,7 @@ def _cache_differ(expected, got):
 
 def _cache_spec() -> ItemSpec:
     return ItemSpec(
-        name="KVCache",
-        reference=ref.KVCache,
-        mistakes=CACHE_MISTAKES,
+        name="KVCache", reference=ref.KVCache, mistakes=CACHE_MISTAKES,
         subchecks=(
             SubCheck("a prompt of 3 positions then two single steps: append returns everything so far, len counts "
                      "positions", 1, compare_cases(_cache_case(10, (3, 1, 1)), probe="methods", differ=_cache_differ)),
@@ -669,9 +657,7 @@ def _one_token_per_step(case: Case, expected_positions: int, whole_sequence: int
 
 def _cached_generate_spec() -> ItemSpec:
     return ItemSpec(
-        name="cached_generate",
-        reference=ref.cached_generate,
-        mistakes=GENERATE_MISTAKES,
+        name="cached_generate", reference=ref.cached_generate, mistakes=GENERATE_MISTAKES,
         subchecks=(
             SubCheck("greedy: the same tokens as generate while the sequence fits in the block", 1,
                      compare_cases(_gen_case(10, 4, 3, 8, 64))),
@@ -735,9 +721,7 @@ FEATURES_MISTAKES = (
 
 def _features_spec() -> ItemSpec:
     return ItemSpec(
-        name="performer_features",
-        reference=ref.performer_features,
-        mistakes=FEATURES_MISTAKES,
+        name="performer_features", reference=ref.performer_features, mistakes=FEATURES_MISTAKES,
         subchecks=(
             SubCheck("x (5, 4), projection (8, 4)", 1, compare_cases(_features_case(10, (5, 4), 8, f32))),
             SubCheck("batched x (2, 3, 6, 8) float64, projection (16, 8); m < d", 1,
@@ -816,9 +800,7 @@ LINEAR_MISTAKES = (
 
 def _linear_spec() -> ItemSpec:
     return ItemSpec(
-        name="linear_attention",
-        reference=ref.linear_attention,
-        mistakes=LINEAR_MISTAKES,
+        name="linear_attention", reference=ref.linear_attention, mistakes=LINEAR_MISTAKES,
         subchecks=(
             SubCheck("equals normalised kernel attention: q, k, v (2, 6, 4), positive random features", 1,
                      compare_cases(_linear_case(10, (2,), 6, 6, 4, False, f32))),

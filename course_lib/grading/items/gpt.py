@@ -190,9 +190,7 @@ def _block_spec() -> ItemSpec:
         _block_case(830, 2, 9, 8, 1, 8, f64),
     )
     return ItemSpec(
-        name="GPTBlock",
-        reference=ref_gpt.GPTBlock,
-        invoke=Invoke(module=True, forward=("x",)),
+        name="GPTBlock", reference=ref_gpt.GPTBlock, invoke=Invoke(module=True, forward=("x",)),
         mistakes=BLOCK_MISTAKES,
         subchecks=(
             SubCheck("submodules ln1, attn, ln2, mlp with the right parameters", 1, _block_parameters),
@@ -383,9 +381,7 @@ SAMPLE_MISTAKES = (
 
 def _sample_spec() -> ItemSpec:
     return ItemSpec(
-        name="sample_next_token",
-        reference=ref_sampling.sample_next_token,
-        mistakes=SAMPLE_MISTAKES,
+        name="sample_next_token", reference=ref_sampling.sample_next_token, mistakes=SAMPLE_MISTAKES,
         subchecks=(
             SubCheck("temperature 0 is greedy (argmax of each row)", 1,
                      compare_cases(_greedy_case([LOGITS_A, LOGITS_B, [0.0, 1.0, -1.0, 5.0, 4.0, 0.0]]))),
@@ -464,9 +460,7 @@ GENERATE_MISTAKES = (
 
 def _generate_spec() -> ItemSpec:
     return ItemSpec(
-        name="generate",
-        reference=ref_sampling.generate,
-        mistakes=GENERATE_MISTAKES,
+        name="generate", reference=ref_sampling.generate, mistakes=GENERATE_MISTAKES,
         subchecks=(
             SubCheck("greedy generation while the sequence fits in the block", 1,
                      compare_cases(_gen_case("sum", 2, 3, 4, 8, 900))),
@@ -531,9 +525,7 @@ COUNT_MISTAKES = (
 
 def _count_spec() -> ItemSpec:
     return ItemSpec(
-        name="gpt_parameter_count",
-        reference=ref_gpt.gpt_parameter_count,
-        mistakes=COUNT_MISTAKES,
+        name="gpt_parameter_count", reference=ref_gpt.gpt_parameter_count, mistakes=COUNT_MISTAKES,
         subchecks=(
             SubCheck("a small model (n_layer=2, d_model=8, vocab_size=11, n_ctx=5)", 1,
                      compare_cases(_count_case(2, 8, 11, 5))),
@@ -656,9 +648,7 @@ def _few_shot_spec() -> ItemSpec:
     visible = _few_shot_case(940, (0, 1, 4), 200, 0.0, False)
     hidden = (_few_shot_case(941, (8, 0, 2), 300, 0.0, False), _few_shot_case(942, (1, 4), 300, 0.5, True))
     return ItemSpec(
-        name="few_shot_accuracy",
-        reference=ref_icl.few_shot_accuracy,
-        mistakes=FEW_SHOT_MISTAKES,
+        name="few_shot_accuracy", reference=ref_icl.few_shot_accuracy, mistakes=FEW_SHOT_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on a nearest-centroid model, shots 0, 1, 4", 1,
                      compare_cases(visible, differ=_accuracy_differ)),

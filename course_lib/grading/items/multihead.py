@@ -100,9 +100,7 @@ def _roundtrip(trial) -> None:
 
 def _split_spec() -> ItemSpec:
     return ItemSpec(
-        name="split_heads",
-        reference=ref.split_heads,
-        mistakes=SPLIT_MISTAKES,
+        name="split_heads", reference=ref.split_heads, mistakes=SPLIT_MISTAKES,
         subchecks=(
             SubCheck("split_heads(x (1, 2, 4), num_heads=2) matches the reference", 1,
                      compare_cases(_split_case(1, 2, 4, 2, f32))),
@@ -117,9 +115,7 @@ def _split_spec() -> ItemSpec:
 
 def _merge_spec() -> ItemSpec:
     return ItemSpec(
-        name="merge_heads",
-        reference=ref.merge_heads,
-        mistakes=MERGE_MISTAKES,
+        name="merge_heads", reference=ref.merge_heads, mistakes=MERGE_MISTAKES,
         subchecks=(
             SubCheck("merge_heads(x (1, 2, 2, 2)) matches the reference", 1, compare_cases(_merge_case(1, 2, 2, 2, f32))),
             SubCheck("a random batch (2, 4, 5, 2)", 1, compare_cases(_merge_case(2, 4, 5, 2, f32, seed=11))),
@@ -283,10 +279,8 @@ def _mha_spec() -> ItemSpec:
         masked_keys_ignored(t, pad, perturb=("key", "value"), key_mask=padded_keys)
 
     return ItemSpec(
-        name="MultiHeadAttention",
-        reference=ref.MultiHeadAttention,
-        invoke=Invoke(module=True, forward=("query", "key", "value", "mask")),
-        output_names=("out", "weights"),
+        name="MultiHeadAttention", reference=ref.MultiHeadAttention,
+        invoke=Invoke(module=True, forward=("query", "key", "value", "mask")), output_names=("out", "weights"),
         mistakes=MHA_MISTAKES,
         forbidden={F.multi_head_attention_forward: "it calls torch's multi_head_attention_forward; "
                    "write the heads yourself"},
@@ -358,9 +352,7 @@ PENALTY_MISTAKES = (
 
 def _penalty_spec() -> ItemSpec:
     return ItemSpec(
-        name="head_diversity_penalty",
-        reference=ref.head_diversity_penalty,
-        mistakes=PENALTY_MISTAKES,
+        name="head_diversity_penalty", reference=ref.head_diversity_penalty, mistakes=PENALTY_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_penalty_case())),
             SubCheck("a batch A (2, 3, 5)", 1, compare_cases(_penalty_case((2, 3, 5), 300, f32))),
@@ -409,9 +401,7 @@ COUNT_MISTAKES = (
 
 def _count_spec() -> ItemSpec:
     return ItemSpec(
-        name="mha_parameter_count",
-        reference=ref.mha_parameter_count,
-        mistakes=COUNT_MISTAKES,
+        name="mha_parameter_count", reference=ref.mha_parameter_count, mistakes=COUNT_MISTAKES,
         subchecks=(
             SubCheck("the Transformer-base layer (d_model = 512, num_heads = 8) and a fresh size", 1,
                      compare_cases(_count_case(512, 8), _count_case(64, 2))),

@@ -77,9 +77,7 @@ PE_MISTAKES = (
 
 def _pe_spec() -> ItemSpec:
     return ItemSpec(
-        name="sinusoidal_positional_encoding",
-        reference=ref.sinusoidal_positional_encoding,
-        mistakes=PE_MISTAKES,
+        name="sinusoidal_positional_encoding", reference=ref.sinusoidal_positional_encoding, mistakes=PE_MISTAKES,
         subchecks=(
             SubCheck("the small example: 3 positions, d_model = 4", 1, compare_cases(_pe_case(3, 4))),
             SubCheck("50 positions, d_model = 16", 1, compare_cases(_pe_case(50, 16))),
@@ -165,9 +163,7 @@ def _shift_property(trial) -> None:
 
 def _shift_spec() -> ItemSpec:
     return ItemSpec(
-        name="pe_shift_matrix",
-        reference=ref.pe_shift_matrix,
-        mistakes=SHIFT_MISTAKES,
+        name="pe_shift_matrix", reference=ref.pe_shift_matrix, mistakes=SHIFT_MISTAKES,
         subchecks=(
             # a case the notebook never shows catches a function that reads a notebook global
             # instead of its argument; fixed (not salted), so that every submission gets the same points
@@ -222,9 +218,7 @@ REL_MISTAKES = (
 
 def _rel_spec() -> ItemSpec:
     return ItemSpec(
-        name="relative_position_index",
-        reference=ref.relative_position_index,
-        mistakes=REL_MISTAKES,
+        name="relative_position_index", reference=ref.relative_position_index, mistakes=REL_MISTAKES,
         subchecks=(
             SubCheck("relative_position_index(5, 5, 2) and fresh sizes match the reference", 1,
                      compare_cases(_rel_case(5, 5, 2), _rel_case(4, 6, 2))),
@@ -337,11 +331,8 @@ def _relattn_spec() -> ItemSpec:
     grad_case = _relattn_case(460, 2, 5, 6, 2, f64, True)
 
     return ItemSpec(
-        name="RelativeSelfAttention",
-        reference=ref.RelativeSelfAttention,
-        invoke=Invoke(module=True, forward=("x", "mask")),
-        output_names=("out", "weights"),
-        mistakes=RELATTN_MISTAKES,
+        name="RelativeSelfAttention", reference=ref.RelativeSelfAttention,
+        invoke=Invoke(module=True, forward=("x", "mask")), output_names=("out", "weights"), mistakes=RELATTN_MISTAKES,
         subchecks=(
             SubCheck("parameters w_q, w_k, w_v (no bias) and rel_k, rel_v with 2δ + 1 rows", 1, _relattn_parameters),
             SubCheck("matches the reference (same weights) on a random batch", 1, compare_cases(visible)),

@@ -81,9 +81,7 @@ def _step_spec() -> ItemSpec:
         _step_case(40, 7, 2, 9, f64),
     )
     return ItemSpec(
-        name="rnn_step",
-        reference=ref.rnn_step,
-        mistakes=STEP_MISTAKES,
+        name="rnn_step", reference=ref.rnn_step, mistakes=STEP_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_step_case())),
             SubCheck("matches the reference on a random batch", 1, compare_cases(_step_case(10, 3, 4, 5, f32))),
@@ -154,9 +152,7 @@ def _forward_spec() -> ItemSpec:
         _forward_case(130, 5, 12, 6, 8, f64, zero_h0=True),
     )
     return ItemSpec(
-        name="rnn_forward",
-        reference=ref.rnn_forward,
-        mistakes=FORWARD_MISTAKES,
+        name="rnn_forward", reference=ref.rnn_forward, mistakes=FORWARD_MISTAKES,
         forbidden={torch.nn.RNN: "it uses torch.nn.RNN; write the loop over time steps yourself",
                    torch.rnn_tanh: "it calls torch's built-in RNN; write the loop over time steps yourself"},
         subchecks=(
@@ -274,9 +270,7 @@ def _jac_spec() -> ItemSpec:
                     f"∂h_T/∂h_{t + 1} computed by autograd is {torch.linalg.norm(J).item():.4g}.")
 
     return ItemSpec(
-        name="jacobian_norms",
-        reference=ref.jacobian_norms,
-        mistakes=JACOBIAN_MISTAKES,
+        name="jacobian_norms", reference=ref.jacobian_norms, mistakes=JACOBIAN_MISTAKES,
         subchecks=(
             SubCheck("matches the reference on a random sequence", 1, compare_cases(visible)),
             SubCheck("matches for small and large spectral radius, T = 1, float32", 1,

@@ -127,10 +127,8 @@ def _sdpa_spec() -> ItemSpec:
     pad = _sdpa_case(70, (3,), 5, 7, 4, 3, f64, "padding")
     causal = _sdpa_case(80, (2,), 6, 6, 5, 5, f32, "causal")
     return ItemSpec(
-        name="scaled_dot_product_attention",
-        reference=ref.scaled_dot_product_attention,
-        output_names=("out", "weights"),
-        mistakes=SDPA_MISTAKES,
+        name="scaled_dot_product_attention", reference=ref.scaled_dot_product_attention,
+        output_names=("out", "weights"), mistakes=SDPA_MISTAKES,
         forbidden={F.scaled_dot_product_attention:
                    "it calls torch.nn.functional.scaled_dot_product_attention; compute softmax(q kᵀ/√d_k) v yourself"},
         subchecks=(
@@ -193,9 +191,7 @@ def _causal_device(trial) -> None:
 
 def _causal_spec() -> ItemSpec:
     return ItemSpec(
-        name="causal_mask",
-        reference=ref.causal_mask,
-        mistakes=CAUSAL_MISTAKES,
+        name="causal_mask", reference=ref.causal_mask, mistakes=CAUSAL_MISTAKES,
         subchecks=(
             # the fresh length catches a function that reads a notebook global instead of T
             SubCheck("causal_mask(4) and a fresh length match the reference", 1,
@@ -241,9 +237,7 @@ PADDING_MISTAKES = (
 
 def _padding_spec() -> ItemSpec:
     return ItemSpec(
-        name="padding_mask",
-        reference=ref.padding_mask,
-        mistakes=PADDING_MISTAKES,
+        name="padding_mask", reference=ref.padding_mask, mistakes=PADDING_MISTAKES,
         subchecks=(
             SubCheck("padding_mask([2, 4], 4) and a fresh batch match the reference", 1,
                      lambda t: t.compare([_padding_case([2, 4], 4), _fresh_padding_case(seed(43))])),
@@ -322,11 +316,8 @@ def _selfattn_spec() -> ItemSpec:
     grad_case = _selfattn_case(140, 2, 5, 8, 4, 6, f64, True)
 
     return ItemSpec(
-        name="SelfAttention",
-        reference=ref.SelfAttention,
-        invoke=Invoke(module=True, forward=("x", "mask")),
-        output_names=("out", "weights"),
-        mistakes=SELFATTN_MISTAKES,
+        name="SelfAttention", reference=ref.SelfAttention, invoke=Invoke(module=True, forward=("x", "mask")),
+        output_names=("out", "weights"), mistakes=SELFATTN_MISTAKES,
         subchecks=(
             SubCheck("parameters w_q, w_k, w_v with the right shapes and no bias", 1,
                      lambda t: parameter_shapes(t, (6, 4, 5), {"w_q.weight": (4, 6), "w_k.weight": (4, 6),

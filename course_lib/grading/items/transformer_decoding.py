@@ -101,9 +101,7 @@ def _greedy_int(trial) -> None:
 
 def _greedy_spec() -> ItemSpec:
     return ItemSpec(
-        name="greedy_decode",
-        reference=ref.greedy_decode,
-        mistakes=GREEDY_MISTAKES,
+        name="greedy_decode", reference=ref.greedy_decode, mistakes=GREEDY_MISTAKES,
         forbidden={ref.beam_search: "it calls course_lib's beam_search; write the greedy loop yourself"},
         subchecks=(
             SubCheck("matches the reference on a scripted model (sentences of different lengths)", 1,
@@ -218,9 +216,7 @@ def _bleu_range(trial) -> None:
 
 def _bleu_spec() -> ItemSpec:
     return ItemSpec(
-        name="bleu",
-        reference=bleu_ref.bleu,
-        mistakes=BLEU_MISTAKES,
+        name="bleu", reference=bleu_ref.bleu, mistakes=BLEU_MISTAKES,
         subchecks=(
             SubCheck("the two-sentence example of the notebook", 1,
                      compare_cases(_bleu_case("the notebook's example (2 sentences, the second one word short)",

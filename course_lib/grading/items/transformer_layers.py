@@ -124,9 +124,7 @@ def _ln_matches_torch(trial) -> None:
 
 def _ln_spec() -> ItemSpec:
     return ItemSpec(
-        name="LayerNorm",
-        reference=ref.LayerNorm,
-        invoke=Invoke(module=True, forward=("x",), aliases=True),
+        name="LayerNorm", reference=ref.LayerNorm, invoke=Invoke(module=True, forward=("x",), aliases=True),
         mistakes=LN_MISTAKES,
         forbidden={F.layer_norm: "it calls torch.nn.functional.layer_norm; compute the mean and variance yourself"},
         subchecks=(
@@ -182,10 +180,8 @@ def _ffn_parameters(trial) -> None:
 
 def _ffn_spec() -> ItemSpec:
     return ItemSpec(
-        name="PositionwiseFeedForward",
-        reference=ref.PositionwiseFeedForward,
-        invoke=Invoke(module=True, forward=("x",), aliases=True),
-        mistakes=FFN_MISTAKES,
+        name="PositionwiseFeedForward", reference=ref.PositionwiseFeedForward,
+        invoke=Invoke(module=True, forward=("x",), aliases=True), mistakes=FFN_MISTAKES,
         subchecks=(
             SubCheck("parameters linear1 (d_model → d_ff) and linear2 (d_ff → d_model); takes dropout", 1,
                      _ffn_parameters),
@@ -268,10 +264,8 @@ def _enc_case(B: int, T: int, d: int, h: int, d_ff: int, norm_first: bool, dtype
 def _enc_spec() -> ItemSpec:
     pad_case = _enc_case(3, 6, 8, 2, 16, False, f64, 520, [6, 4, 2])
     return ItemSpec(
-        name="EncoderLayer",
-        reference=ref.EncoderLayer,
-        invoke=Invoke(module=True, forward=("x", "mask"), aliases=True),
-        mistakes=ENC_MISTAKES,
+        name="EncoderLayer", reference=ref.EncoderLayer,
+        invoke=Invoke(module=True, forward=("x", "mask"), aliases=True), mistakes=ENC_MISTAKES,
         subchecks=(
             SubCheck("submodules self_attn, ffn, norm1, norm2", 1,
                      lambda t: _submodules(t, (8, 2, 16), {"self_attn": "MultiHeadAttention",
@@ -372,8 +366,7 @@ def _dec_spec() -> ItemSpec:
     causal = no_future_leak(_dec_case(2, 6, 5, 8, 2, 16, True, f64, 650),
                             "the decoder sees the future. Pass tgt_mask to self-attention.")
     return ItemSpec(
-        name="DecoderLayer",
-        reference=ref.DecoderLayer,
+        name="DecoderLayer", reference=ref.DecoderLayer,
         invoke=Invoke(module=True, forward=("x", "memory", "tgt_mask", "memory_mask"), aliases=True),
         mistakes=DEC_MISTAKES,
         subchecks=(

@@ -62,9 +62,7 @@ def _noam_peak(trial) -> None:
 
 def _noam_spec() -> ItemSpec:
     return ItemSpec(
-        name="noam_lr",
-        reference=ref.noam_lr,
-        mistakes=NOAM_MISTAKES,
+        name="noam_lr", reference=ref.noam_lr, mistakes=NOAM_MISTAKES,
         subchecks=(
             SubCheck("values during warm-up, at the boundary and after it (d_model=512, warmup=4000)", 1,
                      compare_cases(_noam_case(1, 512, 4000), _noam_case(4000, 512, 4000),
@@ -151,9 +149,7 @@ def _ls_case(shape: tuple, K: int, epsilon: float, ignore_index: int | None, dty
 
 def _ls_spec() -> ItemSpec:
     return ItemSpec(
-        name="label_smoothed_cross_entropy",
-        reference=ref.label_smoothed_cross_entropy,
-        mistakes=LS_MISTAKES,
+        name="label_smoothed_cross_entropy", reference=ref.label_smoothed_cross_entropy, mistakes=LS_MISTAKES,
         forbidden={F.cross_entropy: "it calls torch.nn.functional.cross_entropy; compute the smoothed loss "
                                     "from log_softmax yourself"},
         subchecks=(
