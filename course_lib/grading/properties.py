@@ -1,4 +1,6 @@
-"""Reusable building blocks for check specs: seeded inputs and attention properties.
+"""Reusable building blocks for check specs: seeded inputs, properties (attention weights,
+masks, padding, the future, gradients), the module-item layer (the grader's weights, cases,
+the parameter layout) and :func:`variant` for catalogued wrong modules.
 
 Every property raises :class:`CheckFailed` with a student-facing message.
 """

@@ -337,13 +337,16 @@ ATTENTION_MISTAKES = (
             "forward ignores its mask: padded positions must get weight exactly 0 (fill their scores with -inf)."),
     Mistake("mask inverted", variant(_AttentionLayout, "AttentionMaskInverted", invert=True),
             "Your mask is inverted: True means a real position; fill the scores where the mask is False (~mask)."),
-    Mistake("missing tanh", variant(_AttentionLayout, "AttentionNoTanh", tanh=False), "The tanh is missing: the score is v(tanh(W_h(h) + W_s(s)))."),
+    Mistake("missing tanh", variant(_AttentionLayout, "AttentionNoTanh", tanh=False),
+            "The tanh is missing: the score is v(tanh(W_h(h) + W_s(s)))."),
     Mistake("decoder state ignored", variant(_AttentionLayout, "AttentionStateIgnored", use_state=False),
             "The decoder state s has no effect: add W_s(s) (broadcast over the positions) inside the tanh."),
-    Mistake("context summed over the feature axis", variant(_AttentionLayout, "AttentionContextSummedOverFeatures", context_dim=-1),
+    Mistake("context summed over the feature axis",
+            variant(_AttentionLayout, "AttentionContextSummedOverFeatures", context_dim=-1),
             "The context is summed over the wrong axis: sum the weighted states over the positions (dim=1) to get "
             "(B, enc_dim)."),
-    Mistake("outputs swapped", variant(_AttentionLayout, "AttentionOutputsSwapped", swapped=True), "You returned (weights, context): return (context, weights)."),
+    Mistake("outputs swapped", variant(_AttentionLayout, "AttentionOutputsSwapped", swapped=True),
+            "You returned (weights, context): return (context, weights)."),
 )
 
 

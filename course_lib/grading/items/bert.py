@@ -563,8 +563,10 @@ class _EmbLayout(nn.Module):
 
 
 EMB_MISTAKES = (
-    Mistake("no LayerNorm", variant(_EmbLayout, "EmbNoNorm", norm=False), "The LayerNorm is missing: return self.norm(token + position + segment)."),
-    Mistake("no segment embedding", variant(_EmbLayout, "EmbNoSegment", segment=False), "The segment embedding is not added: add self.segment(segment_ids)."),
+    Mistake("no LayerNorm", variant(_EmbLayout, "EmbNoNorm", norm=False),
+            "The LayerNorm is missing: return self.norm(token + position + segment)."),
+    Mistake("no segment embedding", variant(_EmbLayout, "EmbNoSegment", segment=False),
+            "The segment embedding is not added: add self.segment(segment_ids)."),
     Mistake("no position embedding", variant(_EmbLayout, "EmbNoPosition", position=False),
             "The position embedding is not added: add self.position(torch.arange(T)) (positions 0..T-1)."),
     Mistake("LayerNorm on the token embedding only", variant(_EmbLayout, "EmbNormTokenOnly", norm_token_only=True),
@@ -695,7 +697,8 @@ NSP_MISTAKES = (
             "NSP is pooled from the wrong position: read the [CLS] state at position 0, hidden[:, 0]."),
     Mistake("mean-pooled", variant(_NSPLayout, "NSPMeanPooled", pool=lambda h: h.mean(1)),
             "The head averages over all positions: BERT's NSP reads only the [CLS] state, hidden[:, 0]."),
-    Mistake("no tanh", variant(_NSPLayout, "NSPNoTanh", tanh=False), "The pooler's tanh is missing: classifier(tanh(pooler(hidden[:, 0])))."),
+    Mistake("no tanh", variant(_NSPLayout, "NSPNoTanh", tanh=False),
+            "The pooler's tanh is missing: classifier(tanh(pooler(hidden[:, 0])))."),
     Mistake("probabilities returned", variant(_NSPLayout, "NSPProbabilities", probabilities=True),
             "You return probabilities: return the logits (no softmax); the cross-entropy applies it."),
 )

@@ -92,7 +92,8 @@ WINDOW_MISTAKES = (
     Mistake("diagonal excluded", _wrong_window(lambda d, w: (d > 0) & (d <= w), lambda d, w: (d.abs() <= w) & (d != 0)),
             "A query must see itself (distance 0): the window covers distances 0 .. window-1."),
     Mistake("inverted", _wrong_window(then=lambda mask: ~mask), "Your mask is inverted: True means 'may attend'."),
-    Mistake("float mask", _wrong_window(then=lambda mask: mask.float()), "Return a boolean mask (dtype=torch.bool): True means 'may attend'."),
+    Mistake("float mask", _wrong_window(then=lambda mask: mask.float()),
+            "Return a boolean mask (dtype=torch.bool): True means 'may attend'."),
     Mistake("non-causal window halved", _wrong_window(full_rule=lambda d, w: d.abs() < (w + 1) // 2),
             "Without causality the window reaches window-1 keys on each side (|i - j| < window), not half of it."),
 )
@@ -266,23 +267,17 @@ def _swa_case(seed, batch, T, d, window, causal, dtype, d_v=None) -> Case:
                 make)
 
 
-def _masked(q, k, v, mask):
-    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-    return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+def _swa(window_mask=_window, scale=True):
+    """Wrong windowed attention: full attention masked by ``window_mask(T, window, causal, device)``,
+    the scores unscaled unless ``scale``."""
 
+    def sliding_window_attention(q, k, v, window, causal=True):
+        s = q @ k.transpose(-2, -1)
+        s = s / math.sqrt(q.size(-1)) if scale else s
+        mask = window_mask(q.size(-2), window, causal, q.device)
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
 
-def swa_off_by_one(q, k, v, window, causal=True):
-    return _masked(q, k, v, window_off_by_one(q.size(-2), window, causal, q.device))
-
-
-def swa_never_causal(q, k, v, window, causal=True):
-    return _masked(q, k, v, window_never_causal(q.size(-2), window, causal, q.device))
-
-
-def swa_no_scale(q, k, v, window, causal=True):
-    mask = _window(q.size(-2), window, causal, q.device)
-    s = q @ k.transpose(-2, -1)
-    return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+    return sliding_window_attention
 
 
 def swa_padding_attended(q, k, v, window, causal=True):
@@ -295,23 +290,17 @@ def swa_padding_attended(q, k, v, window, causal=True):
     return (torch.softmax(s, dim=-1).unsqueeze(-2) @ vp).squeeze(-2)
 
 
-def swa_full(q, k, v, window, causal=True):
-    if causal:
-        return _masked(q, k, v, torch.ones(q.size(-2), q.size(-2), dtype=torch.bool, device=q.device).tril())
-    return _masked(q, k, v, torch.ones(q.size(-2), q.size(-2), dtype=torch.bool, device=q.device))
-
-
 SWA_MISTAKES = (
-    Mistake("off-by-one window", swa_off_by_one,
+    Mistake("off-by-one window", _swa(window_off_by_one),
             "Each query attends to one key too many: the causal window is the keys i-window+1 .. i (window keys "
             "including itself), the non-causal one |i - j| < window."),
-    Mistake("window not causal", swa_never_causal,
+    Mistake("window not causal", _swa(window_never_causal),
             "With causal=True the queries also attend to the next keys: keep only keys i-window+1 .. i."),
-    Mistake("no scaling", swa_no_scale, "The scores are not scaled: divide q·k by √d_k."),
+    Mistake("no scaling", _swa(scale=False), "The scores are not scaled: divide q·k by √d_k."),
     Mistake("padding attended", swa_padding_attended,
             "The first queries (and, without causality, the last ones) attend to the zero padding outside the "
             "sequence: mask the window positions that fall before 0 or after T-1 with -inf before the softmax."),
-    Mistake("window ignored", swa_full,
+    Mistake("window ignored", _swa(_wrong_window(lambda d, w: d >= 0, lambda d, w: torch.ones_like(d, dtype=torch.bool))),
             "Your output is full attention: restrict each query to its window of keys."),
 )
 
@@ -751,49 +740,37 @@ def _linear_case(seed, batch, T_q, T_k, d, causal, dtype, kind="positive", m=16)
     return Case(f"q {(*batch, T_q, d)}, k, v {(*batch, T_k, d)} {dtype_name(dtype)}, {what}, causal={causal}", make)
 
 
-def _lin(fq, fk, v, causal):
-    """Normalised kernel attention on features (written here, for the variants)."""
-    if causal:
-        kv = torch.cumsum(fk.unsqueeze(-1) * v.unsqueeze(-2), dim=-3)
-        return (fq.unsqueeze(-2) @ kv).squeeze(-2) / (fq * torch.cumsum(fk, dim=-2)).sum(-1, keepdim=True)
-    return (fq @ (fk.transpose(-2, -1) @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
+def _linear(normaliser="kernel", ignore_causal=False, inclusive=True):
+    """Wrong kernel attention: not normalised ("none") or by the sum of φ(q) ("sum"), causal ignored,
+    causal prefix sums that leave out the query's own key (not ``inclusive``)."""
 
+    def linear_attention(q, k, v, feature_map, causal=False):
+        fq, fk = feature_map(q), feature_map(k)
+        if causal and not ignore_causal:
+            kv, z = torch.cumsum(fk.unsqueeze(-1) * v.unsqueeze(-2), dim=-3), torch.cumsum(fk, dim=-2)
+            if not inclusive:
+                kv, z = kv - fk.unsqueeze(-1) * v.unsqueeze(-2), z - fk
+            out, norm = (fq.unsqueeze(-2) @ kv).squeeze(-2), (fq * z).sum(-1, keepdim=True)
+        else:
+            out, norm = fq @ (fk.transpose(-2, -1) @ v), fq @ fk.sum(-2).unsqueeze(-1)
+        if normaliser == "none":
+            return out
+        return out / (fq.sum(-1, keepdim=True) if normaliser == "sum" else norm)
 
-def linear_unnormalised(q, k, v, feature_map, causal=False):
-    fq, fk = feature_map(q), feature_map(k)
-    if causal:
-        kv = torch.cumsum(fk.unsqueeze(-1) * v.unsqueeze(-2), dim=-3)
-        return (fq.unsqueeze(-2) @ kv).squeeze(-2)
-    return fq @ (fk.transpose(-2, -1) @ v)
-
-
-def linear_causal_exclusive(q, k, v, feature_map, causal=False):
-    if not causal:
-        return _lin(feature_map(q), feature_map(k), v, False)
-    fq, fk = feature_map(q), feature_map(k)
-    kv = torch.cumsum(fk.unsqueeze(-1) * v.unsqueeze(-2), dim=-3) - fk.unsqueeze(-1) * v.unsqueeze(-2)
-    z = torch.cumsum(fk, dim=-2) - fk
-    return (fq.unsqueeze(-2) @ kv).squeeze(-2) / (fq * z).sum(-1, keepdim=True)
-
-
-def linear_normaliser_per_key(q, k, v, feature_map, causal=False):
-    fq, fk = feature_map(q), feature_map(k)
-    if causal:
-        return linear_unnormalised(q, k, v, feature_map, True) / fq.sum(-1, keepdim=True)
-    return (fq @ (fk.transpose(-2, -1) @ v)) / fq.sum(-1, keepdim=True)
+    return linear_attention
 
 
 LINEAR_MISTAKES = (
-    Mistake("no normalisation", linear_unnormalised,
+    Mistake("no normalisation", _linear(normaliser="none"),
             "The output is not normalised: divide φ(q)(φ(k)ᵀv) by φ(q)·Σ_j φ(k_j), the kernel's version of the "
             "softmax's denominator."),
-    Mistake("causal ignored", lambda q, k, v, feature_map, causal=False: _lin(feature_map(q), feature_map(k), v, False),
+    Mistake("causal ignored", _linear(ignore_causal=True),
             "With causal=True query i may use keys 0 .. i only: accumulate φ(k_j) v_jᵀ and φ(k_j) with prefix sums "
             "(torch.cumsum over time) instead of summing over all keys."),
-    Mistake("causal sums exclude the query's own key", linear_causal_exclusive,
+    Mistake("causal sums exclude the query's own key", _linear(inclusive=False),
             "Your prefix sums stop at key i-1: query i also sees its own key, so include position i (torch.cumsum "
             "is inclusive)."),
-    Mistake("normalised by the sum of φ(q)", linear_normaliser_per_key,
+    Mistake("normalised by the sum of φ(q)", _linear(normaliser="sum"),
             "The denominator is φ(q_i)·Σ_j φ(k_j) (one number per query), not the sum of φ(q_i)'s entries."),
 )
 

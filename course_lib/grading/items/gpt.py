@@ -116,7 +116,8 @@ BLOCK_MISTAKES = (
     Mistake("diagonal excluded", variant(_BlockLayout, "BlockDiagonalExcluded", mask="diagonal"),
             "Your causal mask excludes the diagonal, so a token cannot attend to itself (and the first token "
             "sees nothing at all): use tril() without an offset."),
-    Mistake("diagonal excluded (empty first row gives zeros)", variant(_BlockLayout, "BlockDiagonalExcludedSafe", mask="diagonal", safe=True),
+    Mistake("diagonal excluded (empty first row gives zeros)",
+            variant(_BlockLayout, "BlockDiagonalExcludedSafe", mask="diagonal", safe=True),
             "Your causal mask excludes the diagonal, so a token cannot attend to itself (and the first token "
             "sees nothing at all): use tril() without an offset."),
     Mistake("mask inverted", variant(_BlockLayout, "BlockMaskInverted", mask="inverted"),
@@ -634,7 +635,8 @@ FINE_TUNES = ("Your function updates the model's parameters: in-context learning
 FEW_SHOT_MISTAKES = (
     Mistake("first position", partial(_accuracy_loop, last=False),
             "The prediction is read at the first position: the query is the last token, use model(prompts)[:, -1]."),
-    Mistake("percentages", partial(_accuracy_loop, percent=True), "Return accuracies as fractions in [0, 1], not percentages."),
+    Mistake("percentages", partial(_accuracy_loop, percent=True),
+            "Return accuracies as fractions in [0, 1], not percentages."),
     Mistake("train mode", partial(_accuracy_loop, eval_mode=False),
             "The model is evaluated in train mode, so dropout is still active: call model.eval() first "
             "(and restore the previous mode afterwards)."),

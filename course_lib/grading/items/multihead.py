@@ -225,7 +225,8 @@ MHA_MISTAKES = (
     Mistake("mask without a head axis", MHAMaskNoHeadAxis,
             "A padding mask (B, 1, T_k) is applied to scores (B, H, T_q, T_k) without a head axis, so it lines "
             "up with the heads instead of the batch: use mask.unsqueeze(1) for 3-D masks."),
-    Mistake("mask ignored", variant(_MHALayout, "MHAMaskIgnored", mask_as="none"), "forward ignores its mask: pass it on to every head's attention."),
+    Mistake("mask ignored", variant(_MHALayout, "MHAMaskIgnored", mask_as="none"),
+            "forward ignores its mask: pass it on to every head's attention."),
     Mistake("mask inverted", variant(_MHALayout, "MHAMaskInverted", mask_as="inverted"),
             "Your mask is inverted: True means 'may attend', so fill the scores where the mask is False (~mask)."),
     Mistake("softmax over the query axis", variant(_MHALayout, "MHASoftmaxQueries", dim=-2),

@@ -297,8 +297,10 @@ RELATTN_MISTAKES = (
             "The output ignores the relative values: out_i = Σ_j α_ij (v_j + a^V_ij), add Σ_j α_ij a^V_ij."),
     Mistake("a^K added to the query", variant(_RelLayout, "RelOnQuery", ak_on_query=True),
             "The relative vector is added to the query; Shaw et al. add it to the key: q_i · (k_j + a^K_ij)."),
-    Mistake("no scaling", variant(_RelLayout, "RelNoScale", scale=1.0), "The scores are not scaled: divide by √d_model."),
-    Mistake("mask ignored", variant(_RelLayout, "RelMaskIgnored", use_mask=False), "forward ignores its mask: fill disallowed scores with -inf before the softmax."),
+    Mistake("no scaling", variant(_RelLayout, "RelNoScale", scale=1.0),
+            "The scores are not scaled: divide by √d_model."),
+    Mistake("mask ignored", variant(_RelLayout, "RelMaskIgnored", use_mask=False),
+            "forward ignores its mask: fill disallowed scores with -inf before the softmax."),
     Mistake("softmax over the query axis", variant(_RelLayout, "RelSoftmaxQueries", dim=-2),
             "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
 )

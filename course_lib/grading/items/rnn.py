@@ -69,7 +69,8 @@ STEP_MISTAKES = (
     Mistake("bias missing", _step(bias=False), "The bias b_h is missing: add it inside the tanh."),
     Mistake("no recurrence", _step(recurrence=False),
             "h_prev has no effect on your result: add the recurrent term h_prev @ W_hh.T inside the tanh."),
-    Mistake("sigmoid instead of tanh", _step(act=torch.sigmoid), "You used a sigmoid: the vanilla RNN uses torch.tanh."),
+    Mistake("sigmoid instead of tanh", _step(act=torch.sigmoid),
+            "You used a sigmoid: the vanilla RNN uses torch.tanh."),
     Mistake("ReLU instead of tanh", _step(act=torch.relu), "You used a ReLU: the vanilla RNN uses torch.tanh."),
 )
 

@@ -284,13 +284,15 @@ class _SelfAttentionLayout(nn.Module):
 SELFATTN_MISTAKES = (
     Mistake("scaled by √d_model", variant(_SelfAttentionLayout, "SelfAttentionScaledByDModel", scale="d_model"),
             "The scores are divided by √d_model; divide by √d_k, the size of the queries and keys (after w_q, w_k)."),
-    Mistake("no scaling", variant(_SelfAttentionLayout, "SelfAttentionNoScale", scale=None), "The scores are not scaled: divide q kᵀ by √d_k."),
+    Mistake("no scaling", variant(_SelfAttentionLayout, "SelfAttentionNoScale", scale=None),
+            "The scores are not scaled: divide q kᵀ by √d_k."),
     Mistake("queries and keys swapped", variant(_SelfAttentionLayout, "SelfAttentionQKSwapped", swapped=True),
             "Queries and keys are swapped: queries come from w_q(x), keys from w_k(x); "
             "your weights come out transposed."),
     Mistake("values not projected", variant(_SelfAttentionLayout, "SelfAttentionValuesFromX", project_v=False),
             "The values are x itself: project them with w_v(x)."),
-    Mistake("mask ignored", variant(_SelfAttentionLayout, "SelfAttentionMaskIgnored", use_mask=False), "forward ignores its mask argument: pass it on to the attention."),
+    Mistake("mask ignored", variant(_SelfAttentionLayout, "SelfAttentionMaskIgnored", use_mask=False),
+            "forward ignores its mask argument: pass it on to the attention."),
     Mistake("softmax over the query axis", variant(_SelfAttentionLayout, "SelfAttentionSoftmaxQueries", dim=-2),
             "Your weights sum to 1 over the queries, not the keys: apply the softmax over the last axis (dim=-1)."),
 )
