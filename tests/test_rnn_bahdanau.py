@@ -194,7 +194,7 @@ def test_training_loop_stops_on_a_non_finite_loss():
         train(model, lambda step: None, lambda m, b: m.weight.sum() * float("nan"), steps=3, progress=False)
 
 
-def test_training_loop_restores_the_thread_setting():
+def test_training_loop_restores_the_thread_setting(two_threads):
     before = torch.get_num_threads()
     model = nn.Linear(2, 1)
     seen = []
@@ -209,7 +209,7 @@ def test_training_loop_restores_the_thread_setting():
         train(model, lambda step: None, loss_fn, steps=1, num_threads=0)
 
 
-def test_torch_threads_is_scoped():
+def test_torch_threads_is_scoped(two_threads):
     from course_lib.device import torch_threads
 
     before = torch.get_num_threads()

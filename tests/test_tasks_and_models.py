@@ -84,7 +84,7 @@ def test_a_student_attention_class_plugs_in():
     assert isinstance(m.layers[0].attn, Mine)
 
 
-def test_fit_learns_and_restores_threads():
+def test_fit_learns_and_restores_threads(two_threads):
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     m = TinyTransformer(10, 10, d_model=16, num_heads=2, positions="learned", max_len=8, causal=True)
