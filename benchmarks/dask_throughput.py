@@ -2,6 +2,7 @@
 submissions, in the same run.
 
     PYTHONPATH=.:tests .venv/bin/python benchmarks/dask_throughput.py [--submissions 4,12] [--workers 2]
+        [--repeats 1]
 
 It builds two throw-away courses with notebook 03 released and the same ``--submissions``
 complete and partial submissions, then measures, one after the other:
@@ -20,14 +21,22 @@ trip through the scheduler, the worker's course check). With two or more batch s
 over the pool, ``dask - pool``, is fitted as ``fixed + per_submission * n / N`` over the
 sizes ``n`` (``N`` workers), so ``per_submission`` is seconds of a worker's time per
 submission, free of the batch's fixed cost. With one size, all of the difference is
-charged to the submissions. It projects the wall time of a course of 7,200 submissions
-on 1 to 64 machines of ``--cores`` cores (one worker per core) from the measured
-seconds per submission. The machine should be otherwise idle.
+charged to the submissions.
+
+The grading itself varies from run to run by more than Dask's cost, so the benchmark also
+reads how long each submission's grading took on its worker (the report's ``seconds``:
+sandbox, notebook and judgement) and fits the same line to the workers' time *not*
+spent grading, ``workers * wall - sum(seconds)``: Dask's overhead free of that noise.
+``--repeats`` alternates pool and Dask runs several times per size and averages them.
+It projects the wall time of a course of 7,200 submissions on 1 to 64 machines of
+``--cores`` cores (one worker per core) from the measured seconds per submission. The
+machine should be otherwise idle.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -65,27 +74,35 @@ def _scores(course: Course) -> dict[str, float]:
         return {s.id: gb.find_submission_notebook(NOTEBOOK, NOTEBOOK, s.id).score for s in gb.students}
 
 
-def _autograde(course: Course, *flags: str) -> float:
+def _autograde(course: Course, *flags: str) -> tuple[float, float]:
+    """Grade every submission again: (wall seconds, sum of the submissions' grading seconds)."""
     start = time.perf_counter()
     subprocess.run([str(Path(sys.executable).parent / "workbook"), "--course", str(course.root), "autograde",
-                    NOTEBOOK, "--quiet", *flags], check=True, capture_output=True)
-    return time.perf_counter() - start
+                    NOTEBOOK, "--quiet", "--force", *flags], check=True, capture_output=True)
+    wall = time.perf_counter() - start
+    reports = (course.root / "grading" / "reports" / NOTEBOOK).glob("*.json")
+    graded = sum(n.get("seconds") or 0.0 for path in reports if not path.name.startswith("_")
+                 for n in json.loads(path.read_text()).get("notebooks", {}).values())
+    return wall, graded
 
 
-def run(n_submissions: int, workers: int, base: Path) -> dict:
+def run(n_submissions: int, workers: int, repeats: int, base: Path) -> dict:
     builder = ClassBuilder(REPO / "notebooks" / NOTEBOOK / f"{NOTEBOOK}.ipynb",
                            REPO / "solutions" / NOTEBOOK / f"{NOTEBOOK}.ipynb")
     submissions = {f"student{i:02d}": builder.filled(skip=() if i % 2 == 0 else tuple(builder.items[2:]))
                    for i in range(n_submissions)}
     pool_course = _course(base, "pool", submissions)
     dask_course = _course(base, "dask", submissions)
-    timings = {"pool": _autograde(pool_course, "-j", str(workers))}
+    runs: dict[str, list[tuple[float, float]]] = {"pool": [], "dask": []}
     with DaskCluster(cwd=dask_course.root, log_dir=base) as cluster:
         for i in range(workers):
             cluster.start_worker(f"w{i + 1}")
-        timings["dask"] = _autograde(dask_course, "--scheduler", cluster.address)
-    return {"timings": timings, "same_scores": _scores(pool_course) == _scores(dask_course),
-            "scores": _scores(dask_course)}
+        for _ in range(repeats):  # alternated, so that a slow spell of the machine hits both
+            runs["pool"].append(_autograde(pool_course, "-j", str(workers)))
+            runs["dask"].append(_autograde(dask_course, "--scheduler", cluster.address))
+    mean = {mode: (sum(w for w, _ in r) / len(r), sum(g for _, g in r) / len(r)) for mode, r in runs.items()}
+    return {"timings": {mode: m[0] for mode, m in mean.items()}, "graded": {mode: m[1] for mode, m in mean.items()},
+            "same_scores": _scores(pool_course) == _scores(dask_course), "scores": _scores(dask_course)}
 
 
 def _fit(sizes: list[int], extra: list[float], workers: int) -> tuple[float, float]:
@@ -102,23 +119,31 @@ def main() -> None:
     parser.add_argument("--submissions", default="4,12", help="batch size, or several separated by commas")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, default=16, help="cores of a grading machine, for the projection")
+    parser.add_argument("--repeats", type=int, default=1, help="pool and Dask runs per size, alternated")
     args = parser.parse_args()
     sizes = sorted({int(n) for n in args.submissions.split(",")})
     w = args.workers
     results = {}
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix="workbook-dask-bench-") as tmp:
-            results[n] = run(n, w, Path(tmp))
+            results[n] = run(n, w, args.repeats, Path(tmp))
         t = results[n]["timings"]
         print(f"{n} submissions of {NOTEBOOK}, {w} workers")
         for name, seconds in t.items():
-            print(f"  {name:5s} {seconds:7.1f} s   {n / seconds * 60:5.1f} submissions/min")
+            graded = results[n]["graded"][name]
+            print(f"  {name:5s} {seconds:7.1f} s   {n / seconds * 60:5.1f} submissions/min   "
+                  f"grading {graded / n:5.2f} s per submission, not grading {(w * seconds - graded) / n:5.2f} s")
         print(f"  same scores: {results[n]['same_scores']}")
     extra = [results[n]["timings"]["dask"] - results[n]["timings"]["pool"] for n in sizes]
+    idle = [(w * r["timings"]["dask"] - r["graded"]["dask"]) - (w * r["timings"]["pool"] - r["graded"]["pool"])
+            for r in (results[n] for n in sizes)]  # workers' seconds not spent grading: Dask minus pool
     if len(sizes) > 1:
         fixed, overhead = _fit(sizes, extra, w)
         print(f"Dask's extra time once per batch: {fixed:+.2f} s")
         print(f"Dask overhead per submission: {overhead:+.2f} s of a worker's time (target < 0.2 s)")
+        fixed_idle, overhead_idle = _fit(sizes, [x / w for x in idle], w)
+        print(f"the same from the workers' time not spent grading: {overhead_idle:+.2f} s per submission, "
+              f"{fixed_idle:+.2f} s once per batch")
     else:
         overhead = extra[0] * w / sizes[0]
         print(f"Dask overhead per submission (the batch's fixed cost included): {overhead:+.2f} s of a worker's time "
