@@ -22,6 +22,7 @@ __all__ = [
     "weights_sum_to_one", "masked_weights_zero", "masked_keys_ignored", "gradients_reach",
     "compare_cases", "reference_state", "module_inputs", "module_case", "layout", "parameter_shapes",
     "module_gradients", "padding", "padding_no_leak", "no_future_leak", "ignored_get_no_gradient", "variant",
+    "reproducible",
 ]
 
 
@@ -338,3 +339,21 @@ def ignored_get_no_gradient(case: Case, ignored: Callable[[dict], Tensor],
             raise CheckFailed(f"On {case.label}: {what} get a gradient; they must not affect the loss.")
 
     return run
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def reproducible(answer: Callable[[], Any], label: str, what: str, hint: str) -> None:
+    """Property of a random item: ``answer()``, the student's answer to a call with a
+    generator seeded alike each time, is the same twice (tensors exactly, inside tuples and
+    lists too). Otherwise the item draws from the global random state, not ``generator``:
+    ``hint`` says how to pass it on; ``what`` names the outputs ("tokens")."""
+    if not _same(answer(), answer()):
+        raise CheckFailed(f"On {label}: two calls with generators seeded alike gave different {what}.\n"
+                          f"Likely cause: {hint}")
