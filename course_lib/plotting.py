@@ -145,13 +145,7 @@ def per_position_accuracy(curves: dict[str, Sequence[float]], ax: Axes | None = 
         a = to_numpy(acc)
         ax.plot(np.arange(1, len(a) + 1), a, "o-", ms=4, label=label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("output position")
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    return ax
+    return _accuracy_axes(ax, "output position", ylabel, title)
 
 
 def accuracy_vs_length(curves: dict[str, tuple[Sequence[float], Sequence[float]]], ax: Axes | None = None,
@@ -161,6 +155,11 @@ def accuracy_vs_length(curves: dict[str, tuple[Sequence[float], Sequence[float]]
     ax = ax or plt.subplots(figsize=(6, 3.6))[1]
     for label, (lengths, acc) in curves.items():
         ax.plot(to_numpy(lengths), to_numpy(acc), "o-", ms=4, label=label)
+    return _accuracy_axes(ax, xlabel, ylabel, title)
+
+
+def _accuracy_axes(ax: Axes, xlabel: str, ylabel: str, title: str) -> Axes:
+    """Labels, a [0, 1] y axis, a light grid and the legend of an accuracy plot."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_ylim(-0.02, 1.02)
