@@ -159,3 +159,46 @@ def test_failure_message_reads_well():
     assert "✗ MultiHeadAttention: 1 of 2 visible checks failed." in report
     assert "On MultiHeadAttention(d_model=8, num_heads=2), self-attention on x (2, 5, 8) float32, no mask" in report
     assert "Likely cause: The output skips w_o" in report
+
+
+def test_gradient_properties_name_what_is_missing():
+    """The shared gradient properties: a detached output is 'not connected'; a parameter the
+    output does not use gets no gradient."""
+    import math
+
+    import torch
+    from course_lib.grading import get_spec
+    from course_lib.grading.runner import grade
+
+    def attend(q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(scores, dim=-1)
+        return w @ v, w
+
+    def detached(q, k, v, mask=None):
+        out, w = attend(q, k, v, mask)
+        return out.detach(), w.detach()
+
+    results = grade(get_spec("scaled_dot_product_attention"), detached, hidden=True).results
+    failed = [r for r in results if r.earned < r.points]
+    assert len(failed) == 1 and "not connected to the inputs' autograd graph" in failed[0].message, failed
+
+    class UnusedParameter(torch.nn.Module):  # the right layer, plus a parameter the output never uses
+        def __init__(self, d_model, num_heads, bias=True):
+            super().__init__()
+            from torch import nn
+            self.num_heads = num_heads
+            self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model, bias=bias) for _ in range(4))
+            self.unused = nn.Parameter(torch.zeros(1))
+
+        def forward(self, query, key, value, mask=None, need_weights=False):
+            B, T, D = query.shape
+            split = lambda x: x.view(B, -1, self.num_heads, D // self.num_heads).transpose(1, 2)  # noqa: E731
+            q, k, v = split(self.w_q(query)), split(self.w_k(key)), split(self.w_v(value))
+            out, w = attend(q, k, v, None if mask is None else (mask if mask.dim() == 4 else mask[:, None]))
+            return self.w_o(out.transpose(1, 2).reshape(B, T, D)), w
+
+    messages = "\n".join(r.message for r in grade(get_spec("MultiHeadAttention"), UnusedParameter, hidden=True).results)
+    assert "`unused` gets no gradient from the output" in messages, messages

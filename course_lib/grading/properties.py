@@ -147,24 +147,35 @@ def masked_keys_ignored(trial: Any, case: Case, perturb: Sequence[str] = ("k", "
         )
 
 
-def gradients_reach(trial: Any, case: Case, names: Sequence[str], index: int | None = 0) -> None:
-    """Backpropagating from the output gives finite, non-zero gradients for ``names``."""
-    inputs = case.make(trial.device)
+def _gradients(trial: Any, inputs: dict, label: str, names: Sequence[str], index: int | None = 0) -> dict:
+    """The student's answer to the ``gradients`` probe (backpropagate from output ``index``
+    to the inputs ``names``): ``{"grads": ..., "params": ...}``; fails unless the output is
+    connected to the autograd graph."""
     inputs["_grads"] = {"names": list(names), "index": index}
-    out = trial.student(inputs, case.label, probe="gradients")
+    out = trial.student(inputs, label, probe="gradients")
     if not isinstance(out, dict) or not out.get("connected"):
         raise CheckFailed(
-            f"On {case.label}: the output is not connected to the inputs' autograd graph "
+            f"On {label}: the output is not connected to the inputs' autograd graph "
             "(did you use .detach(), .item(), numpy or torch.no_grad()?)."
         )
-    grads = out.get("grads") or {}
+    return out
+
+
+def _require_gradient(label: str, name: str, g: Any) -> None:
+    """``g``, the gradient of ``name``, exists, is finite and is not all zero."""
+    if not isinstance(g, Tensor):
+        raise CheckFailed(f"On {label}: `{name}` gets no gradient from the output.")
+    if not bool(torch.isfinite(g).all()):
+        raise CheckFailed(f"On {label}: `{name}` gets a non-finite gradient from the output.")
+    if float(g.abs().sum()) == 0.0:
+        raise CheckFailed(f"On {label}: `{name}` gets a zero gradient from the output.")
+
+
+def gradients_reach(trial: Any, case: Case, names: Sequence[str], index: int | None = 0) -> None:
+    """Backpropagating from the output gives finite, non-zero gradients for ``names``."""
+    grads = _gradients(trial, case.make(trial.device), case.label, names, index).get("grads") or {}
     for name in names:
-        g = grads.get(name)
-        if not isinstance(g, Tensor):
-            g = None
-        if g is None or not bool(torch.isfinite(g).all()) or float(g.abs().sum()) == 0.0:
-            state = "no gradient" if g is None else ("a non-finite gradient" if not bool(torch.isfinite(g).all()) else "a zero gradient")
-            raise CheckFailed(f"On {case.label}: `{name}` gets {state} from the output.")
+        _require_gradient(case.label, name, grads.get(name))
 
 
 # ---------------------------------------------------------------------------
@@ -247,16 +258,11 @@ def module_gradients(trial: Any, case: Case, names: Sequence[str] = ("x",), stat
     inputs = case.make(trial.device)
     if not state:
         inputs["state"] = None
-    inputs["_grads"] = {"names": list(names)}
-    out = trial.student(inputs, case.label, probe="gradients")
-    if not isinstance(out, dict) or not out.get("connected"):
-        raise CheckFailed(f"On {case.label}: the output is not connected to the autograd graph "
-                          "(did you use .detach(), .item() or torch.no_grad()?).")
+    out = _gradients(trial, inputs, case.label, names)
     grads = {**{(what or {}).get(n, n): g for n, g in (out.get("grads") or {}).items()},
              **(out.get("params") or {})}
     for name, g in grads.items():
-        if not isinstance(g, Tensor) or float(g.abs().sum()) == 0.0 or not bool(torch.isfinite(g).all()):
-            raise CheckFailed(f"On {case.label}: `{name}` gets no (finite) gradient from the output.")
+        _require_gradient(case.label, name, g)
 
 
 def padding(lengths: Sequence[int], T: int, device: torch.device) -> Tensor:
