@@ -12,6 +12,7 @@ without a cluster at the end.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import os
@@ -44,6 +45,35 @@ def _grades(course: Course, assignment: str, students) -> dict:
         return out
 
 
+# A submission that reaches for the Dask scheduler it is graded through (its address known, as
+# the default tcp://HOST:8786 would be) and has it run a task that writes outside the sandbox.
+REACH_SCHEDULER = r'''
+import socket
+tries = {}
+host, port = "@ADDRESS@".removeprefix("tcp://").rsplit(":", 1)
+for where in (host, "localhost", "0.0.0.0"):
+    try:
+        socket.create_connection((where, int(port)), timeout=3).close()
+        tries[where] = "connected"
+    except OSError as exc:
+        tries[where] = type(exc).__name__
+try:
+    from distributed import Client
+    client = Client("@ADDRESS@", timeout=5)
+    client.submit(lambda: open("@CANARY@", "w").write("a task sent from a submission ran")).result(timeout=20)
+    print("REACHED THE SCHEDULER", tries)
+except Exception as exc:
+    print("no scheduler from the sandbox:", type(exc).__name__, tries)
+'''
+
+
+def _outputs(path) -> str:
+    """Every stream and text output of a notebook."""
+    nb = nbformat.read(str(path), as_version=4)
+    return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                   for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
 def _kill_when_busy(cluster: DaskCluster, name: str, killed: dict) -> None:
     """Kill worker ``name`` as soon as the scheduler says it is grading something."""
     with cluster.client() as client:
@@ -67,8 +97,14 @@ def cluster_class(tmp_path_factory):
     assert main(["--course", str(root), "release", assignment]) == 0
     builder = ClassBuilder(course.release_dir / assignment / f"{NOTEBOOK}.ipynb",
                            course.source_dir / assignment / f"{NOTEBOOK}.ipynb")
-    submissions = {"correct": builder.filled(), "mistaken": builder.mistake_student("mistaken").notebook,
-                   "empty": builder.released}
+    cluster = DaskCluster(cwd=root, log_dir=base)  # its port is chosen now, started below
+    canary = base / "written-by-a-task-the-submission-sent"
+    mistaken = builder.mistake_student("mistaken").notebook
+    attacker = copy.deepcopy(mistaken)
+    attacker.cells.append(nbformat.v4.new_code_cell(REACH_SCHEDULER.replace("@ADDRESS@", cluster.address)
+                                                    .replace("@CANARY@", str(canary))))
+    submissions = {"correct": builder.filled(), "mistaken": mistaken, "empty": builder.released,
+                   "attacker": attacker}
     for student, nb in submissions.items():
         folder = course.submission_dir(student, assignment)
         folder.mkdir(parents=True)
@@ -78,7 +114,7 @@ def cluster_class(tmp_path_factory):
     autograde(course, assignment, GradingOptions(workers=2, limits=LIMITS))
     state["local"] = _grades(course, assignment, state["students"])
 
-    with DaskCluster(cwd=root, log_dir=base) as cluster:
+    with cluster:
         cluster.start_worker("w1")
         cluster.start_worker("w2")
         keys = list(QUIET_DASK)
@@ -96,6 +132,8 @@ def cluster_class(tmp_path_factory):
         options = GradingOptions(limits=LIMITS, scheduler=cluster.address, force=True)
         autograde(course, assignment, options, progress=records.append)
         killer.join()
+        state["canary"] = canary
+        state["attacker_output"] = _outputs(course.autograded_path("attacker", assignment, NOTEBOOK))
         state["killed"], state["records"] = killed, records
         state["cluster"] = _grades(course, assignment, state["students"])
         state["rerun"] = []
@@ -136,10 +174,11 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_duplicates_nothing(cluster_
     assert cluster_class["killed"].get("task"), "worker w2 was never seen grading"
     records = cluster_class["records"]
     assert Counter(r["worker"] for r in records) and "w2" not in {r["worker"] for r in records}
-    assert sorted(r["notebook"] for r in records) == [NOTEBOOK] * 3  # each submission recorded once
+    students = cluster_class["students"]
+    assert sorted(r["notebook"] for r in records) == [NOTEBOOK] * len(students)  # each submission recorded once
     assert all(r["status"] == "graded" for r in records)
     # a rerun grades only what is missing: nothing
-    assert [r["status"] for r in cluster_class["rerun"]] == ["kept"] * 3
+    assert [r["status"] for r in cluster_class["rerun"]] == ["kept"] * len(students)
 
 
 @pytest.mark.slow
@@ -149,6 +188,18 @@ def test_a_worker_with_a_different_course_lib_is_refused(cluster_class):
     err = cluster_class["refused_err"]
     assert "worker w3 grades with a different course" in err and "course_lib/attention.py differs" in err
     assert cluster_class["after_refusal"] == cluster_class["cluster"]  # nothing recorded from it
+
+
+@pytest.mark.slow
+def test_a_submission_cannot_reach_the_scheduler_from_its_sandbox(cluster_class):
+    """The sandbox has a network of its own: the scheduler's address leads nowhere, no task
+    the submission sends runs, and the attack changes no grade."""
+    output = cluster_class["attacker_output"]
+    assert "no scheduler from the sandbox:" in output and "REACHED THE SCHEDULER" not in output, output
+    assert "connected" not in output.split("no scheduler from the sandbox:")[1]
+    assert not cluster_class["canary"].exists()
+    grades = cluster_class["cluster"]
+    assert grades["attacker"] == grades["mistaken"]
 
 
 @pytest.mark.slow

@@ -57,6 +57,15 @@ class Student:
     nbformat3: bool = False
 
 
+# A catalogued mistake made from an item's solution: (text, its replacement, the mistake's
+# name in the item's catalogue).
+MISTAKE_EDITS = {
+    "scaled_dot_product_attention": ("torch.softmax(scores, dim=-1)", "torch.softmax(scores, dim=-2)",
+                                     "softmax over the query axis"),
+    "causal_mask": (".tril()", ".triu()", "upper triangle"),
+}
+
+
 class ClassBuilder:
     """Makes submissions from the released and the source notebook of one assignment."""
 
@@ -121,24 +130,30 @@ class ClassBuilder:
         return expected
 
     def mistake_student(self, sid: str) -> Student:
-        """A catalogued mistake in the first item that has one; expected score from the
-        check framework run in this process."""
-        import inspect
-        from course_lib.grading import get_spec
+        """A catalogued mistake (:data:`MISTAKE_EDITS`) in the first item that has one, made
+        from the solution; checked here to be named by the grader as that mistake; expected
+        score from the check framework run in this process."""
+        import math
+
+        import torch
+        from course_lib.grading import get_spec, grade
         for item in self.items:
-            spec = get_spec(item)
-            if spec.mistakes:
-                mistake = spec.mistakes[0]
-                code = textwrap.dedent(inspect.getsource(mistake.impl))
-                name = mistake.impl.__name__
-                helpers = "".join(textwrap.dedent(inspect.getsource(f)) + "\n"
-                                  for f in _helpers_of(mistake.impl))
-                solution = f"import math\nimport torch\n{helpers}{code}\n{item} = {name}\n"
-                nb = self.filled(replace={item: solution})
-                expected = self.expected_in_process(nb)
-                return Student(sid, "mistake", nb, expected,
-                               problems=set(), file_name=f"{sid}_{self.name}.ipynb")
-        raise ValueError("no item with a mistake catalogue")
+            if item not in MISTAKE_EDITS:
+                continue
+            old, new, mistake = MISTAKE_EDITS[item]
+            if old not in self.solutions[item]:
+                raise ValueError(f"{old!r} is not in the solution of {item}")
+            source = self.solutions[item].replace(old, new)
+            namespace = {"math": math, "torch": torch}
+            exec(compile(source, f"<{sid}: {item}>", "exec"), namespace)
+            result = grade(get_spec(item), namespace[item], hidden=True, device="cpu")
+            named = [r.mistake for r in result.results if getattr(r, "mistake", None)]
+            if mistake not in named:
+                raise ValueError(f"the grader does not name {item}'s edited solution {mistake!r} (it names {named})")
+            nb = self.filled(replace={item: source})
+            return Student(sid, "mistake", nb, self.expected_in_process(nb),
+                           problems=set(), file_name=f"{sid}_{self.name}.ipynb")
+        raise ValueError(f"none of {self.items} has an entry in MISTAKE_EDITS")
 
     def build(self) -> list[Student]:
         first, second = self.items[0], self.items[1]
@@ -209,25 +224,6 @@ class ClassBuilder:
                     zf.writestr(s.file_name, data)
             zf.writestr("README.txt", b"downloaded from the LMS")
             zf.writestr("x99_" + self.name + ".ipynb", nbformat.writes(self.filled()).encode())
-
-
-def _helpers_of(fn) -> list:
-    """Module-level helper functions a mistake variant calls (e.g. ``_scores``)."""
-    import inspect
-    module = inspect.getmodule(fn)
-    names = [n for n in fn.__code__.co_names if n.startswith("_")]
-    found = []
-    for n in names:
-        obj = getattr(module, n, None)
-        if inspect.isfunction(obj):
-            found.extend(_helpers_of(obj))
-            found.append(obj)
-    seen, out = set(), []
-    for f in found:
-        if f not in seen:
-            seen.add(f)
-            out.append(f)
-    return out
 
 
 def write_roster(students: list[Student], path: Path) -> None:
