@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -29,21 +30,51 @@ def pytest_configure(config):
 GRADED_CLASS_TIMES: dict[str, float] = {}  # "assignment/student" -> seconds in the shared graded run
 
 # With pytest-xdist (`make test` runs `pytest -n 2 --dist loadgroup`), tests are handed out
-# to workers in groups: every test of the shared graded class in one group (one worker
-# grades that class once), every other test with the rest of its file (module fixtures and
-# a notebook's one execution stay in one worker). The graded class, the longest group,
-# goes first.
+# to workers in groups: every test file that uses the shared graded class in one group (one
+# worker grades that class once), every other file whole (module fixtures and a notebook's
+# one execution stay in one worker). xdist's own groups (the ``xdist_group`` mark) do not
+# reach its scheduler under pytest 9 (it renames node ids, which pytest 9 no longer lets
+# it do), so the grouping is a scheduler of ours.
 GRADED_CLASS_GROUP = "graded-class"
+TESTS = Path(__file__).resolve().parent
 
 
-@pytest.hookimpl(tryfirst=True)
+def graded_class_files() -> set[str]:
+    """The test files that use the graded class (the fixture, or a suite built on it)."""
+    return {path.name for path in TESTS.glob("test_*.py")
+            if re.search(r"\bgraded_class\b|\bnbgrader_suite\(", path.read_text(encoding="utf-8"))}
+
+
+def _group(nodeid: str, graded: set[str]) -> str:
+    file = nodeid.split("::")[0]
+    return GRADED_CLASS_GROUP if file.rsplit("/", 1)[-1] in graded else file
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    graded = graded_class_files()
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid, graded)
+
+    return Grouped(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        shared = "graded_class" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group(GRADED_CLASS_GROUP if shared else item.nodeid.split("::")[0]))
-    items.sort(key=lambda item: "graded_class" not in getattr(item, "fixturenames", ()))  # stable
+    """Every test that uses the graded class must sit in a file the scheduler groups with it:
+    otherwise two workers would each grade the whole class."""
+    graded = graded_class_files()
+    stray = sorted({item.nodeid.split("::")[0] for item in items
+                    if "graded_class" in getattr(item, "fixturenames", ())
+                    and _group(item.nodeid, graded) != GRADED_CLASS_GROUP})
+    if stray:
+        raise pytest.UsageError(f"{', '.join(stray)} use(s) graded_class without naming it or nbgrader_suite: "
+                                "tests/conftest.py's graded_class_files() cannot see it")
 
 
 def pytest_sessionfinish(session):
