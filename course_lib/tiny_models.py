@@ -59,6 +59,9 @@ class TinyTransformer(nn.Module):
       every layer, clipped at ``max_distance``; single head) or ``"rotary"`` (single head).
     - ``attention``: the multi-head class used with absolute or no positions (default
       course_lib's :class:`MultiHeadAttention`; a student's class with the same interface works).
+    - ``relative``: the class built as ``relative(d_model, max_distance)`` for
+      ``positions="relative"`` (default course_lib's :class:`RelativeSelfAttention`; notebook
+      05 passes the student's).
     - ``pool``: ``None`` for one prediction per position ``(B, T, C)``, ``"max"`` or ``"mean"``
       for one per sequence ``(B, C)`` (padding excluded).
     - ``causal``: every position attends only to itself and earlier positions.
@@ -73,7 +76,8 @@ class TinyTransformer(nn.Module):
     def __init__(self, vocab_size: int, num_outputs: int, d_model: int = 64, num_heads: int = 4,
                  n_layer: int = 1, d_ff: int | None = None, positions: str = "learned", max_len: int = 64,
                  max_distance: int = 4, pool: str | None = None, causal: bool = False,
-                 attention: type[nn.Module] = MultiHeadAttention) -> None:
+                 attention: type[nn.Module] = MultiHeadAttention,
+                 relative: type[nn.Module] = RelativeSelfAttention) -> None:
         super().__init__()
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
@@ -88,7 +92,7 @@ class TinyTransformer(nn.Module):
 
         def make_attention() -> nn.Module:
             if positions == "relative":
-                return RelativeSelfAttention(d_model, max_distance)
+                return relative(d_model, max_distance)
             if positions == "rotary":
                 return RotarySelfAttention(d_model)
             return attention(d_model, num_heads)
