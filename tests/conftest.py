@@ -32,7 +32,8 @@ GRADED_CLASS_TIMES: dict[str, float] = {}  # "assignment/student" -> seconds in 
 # With pytest-xdist (`make test` runs `pytest -n 2 --dist loadgroup`), tests are handed out
 # to workers in groups: every test file that uses the shared graded class in one group (one
 # worker grades that class once), every other file whole (module fixtures and a notebook's
-# one execution stay in one worker). xdist's own groups (the ``xdist_group`` mark) do not
+# one execution stay in one worker, and the tests of one solution notebook in other files
+# join it). xdist's own groups (the ``xdist_group`` mark) do not
 # reach its scheduler under pytest 9 (it renames node ids, which pytest 9 no longer lets
 # it do), so the grouping is a scheduler of ours.
 GRADED_CLASS_GROUP = "graded-class"
@@ -45,9 +46,27 @@ def graded_class_files() -> set[str]:
             if re.search(r"\bgraded_class\b|\bnbgrader_suite\(", path.read_text(encoding="utf-8"))}
 
 
-def _group(nodeid: str, graded: set[str]) -> str:
+def notebook_groups() -> dict[str, str]:
+    """``{"07": "notebook 07", "02": "notebook 01", ...}``: each solution notebook is executed
+    once per worker (tests/nbtools.py ``executed_solution``), so the tests that share its run
+    (its test_notebook_<nn> file, test_notebooks.py's full-points run) share a group."""
+    out = {}
+    for path in sorted(TESTS.glob("test_notebook_*.py")):
+        numbers = re.findall(r"\d\d", path.stem)
+        out.update({nn: f"notebook {numbers[0]}" for nn in numbers})
+    return out
+
+
+def _group(nodeid: str, graded: set[str], notebooks: dict[str, str] | None = None) -> str:
     file = nodeid.split("::")[0]
-    return GRADED_CLASS_GROUP if file.rsplit("/", 1)[-1] in graded else file
+    name = file.rsplit("/", 1)[-1]
+    if name in graded:
+        return GRADED_CLASS_GROUP
+    notebooks = notebook_groups() if notebooks is None else notebooks
+    found = re.match(r"test_notebook_(\d\d)", name) or re.search(r"::test_solution_notebook_\w+\[(\d\d)_", nodeid)
+    if found and found.group(1) in notebooks:
+        return notebooks[found.group(1)]
+    return file
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -56,11 +75,11 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    graded = graded_class_files()
+    graded, notebooks = graded_class_files(), notebook_groups()
 
     class Grouped(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _group(nodeid, graded)
+            return _group(nodeid, graded, notebooks)
 
     return Grouped(config, log)
 
