@@ -235,15 +235,15 @@ def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
 class SequenceClassifier(nn.Module):
     """A fine-tuning head on an encoder: ``classifier(tanh(pooler(h_[CLS])))``.
 
-    forward(input_ids, segment_ids, attention_mask) -> logits (B, num_classes).
+    forward(input_ids, segment_ids, attention_mask) -> logits (B, n_classes).
     """
 
-    def __init__(self, encoder: BertEncoder, num_classes: int, dropout: float = 0.1) -> None:
+    def __init__(self, encoder: BertEncoder, n_classes: int, dropout: float = 0.1) -> None:
         super().__init__()
         self.encoder = encoder
         self.pooler = nn.Linear(encoder.d_model, encoder.d_model)
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(encoder.d_model, num_classes)
+        self.classifier = nn.Linear(encoder.d_model, n_classes)
         init_bert_weights(self.pooler)
         init_bert_weights(self.classifier)
 

@@ -267,13 +267,13 @@ def probe_layers(train_features: Sequence[Tensor], train_labels: Tensor, test_fe
                  test_labels: Tensor, steps: int = 300, lr: float = 0.05, seed: int = 0) -> list[float]:
     """Linear probe per layer: a logistic regression trained on frozen features
     (standardised with the training statistics); returns test accuracy per layer."""
-    num_classes = int(max(train_labels.max(), test_labels.max())) + 1
+    n_classes = int(max(train_labels.max(), test_labels.max())) + 1
     accuracies = []
     for x_train, x_test in zip(train_features, test_features):
         mean, std = x_train.mean(0), x_train.std(0) + 1e-5
         x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
         torch.manual_seed(seed)
-        probe = nn.Linear(x_train.size(1), num_classes)
+        probe = nn.Linear(x_train.size(1), n_classes)
         with torch.enable_grad():  # full batch: every step sees all the training features
             train(probe, next_batch=lambda step: (x_train, train_labels),
                   loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]), steps=steps,

@@ -73,7 +73,7 @@ class TinyTransformer(nn.Module):
     every layer, each ``(B, H, T, T)``.
     """
 
-    def __init__(self, vocab_size: int, num_outputs: int, d_model: int = 64, num_heads: int = 4,
+    def __init__(self, vocab_size: int, n_classes: int, d_model: int = 64, num_heads: int = 4,
                  n_layer: int = 1, d_ff: int | None = None, positions: str = "learned", max_len: int = 64,
                  max_distance: int = 4, pool: str | None = None, causal: bool = False,
                  attention: type[nn.Module] = MultiHeadAttention,
@@ -99,7 +99,7 @@ class TinyTransformer(nn.Module):
 
         self.layers = nn.ModuleList(_Block(make_attention(), d_model, d_ff or 4 * d_model) for _ in range(n_layer))
         self.norm = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, num_outputs)
+        self.head = nn.Linear(d_model, n_classes)
 
     def attention_modules(self) -> list[nn.Module]:
         """The attention module of each layer, first layer first."""
