@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import re
+import tomllib
 from pathlib import Path
 
 __all__ = ["TOPICS", "story_corpus", "topic_sentences", "topic_classification", "load_text_documents",
@@ -22,79 +23,16 @@ __all__ = ["TOPICS", "story_corpus", "topic_sentences", "topic_classification", 
 
 Corpus = list[list[str]]
 
-# topic -> (nouns, past-tense verbs, adjectives, places)
-TOPICS: dict[str, tuple[list[str], list[str], list[str], list[str]]] = {
-    "kitchen": (
-        ["bread", "soup", "flour", "oven", "pan", "onion", "garlic", "butter", "kettle", "spoon",
-         "plate", "cake", "carrot", "pepper", "dough"],
-        ["baked", "chopped", "stirred", "tasted", "washed", "boiled", "sliced", "mixed"],
-        ["warm", "fresh", "salty", "sweet", "crisp", "golden"],
-        ["the kitchen", "the bakery", "the pantry"],
-    ),
-    "farm": (
-        ["cow", "barn", "hay", "tractor", "sheep", "fence", "goat", "wheat", "chicken", "pig",
-         "horse", "seed", "plough", "bucket", "pasture"],
-        ["fed", "milked", "planted", "harvested", "mended", "herded", "watered", "sheared"],
-        ["muddy", "hungry", "tall", "quiet", "dusty", "strong"],
-        ["the farm", "the barn", "the meadow"],
-    ),
-    "sea": (
-        ["boat", "sail", "wave", "anchor", "harbor", "net", "fish", "rope", "deck", "island",
-         "gull", "lighthouse", "mast", "tide", "oar"],
-        ["rowed", "steered", "tied", "hoisted", "spotted", "pulled", "cast", "caught"],
-        ["salty", "wet", "stormy", "blue", "calm", "rough"],
-        ["the harbor", "the beach", "the open sea"],
-    ),
-    "school": (
-        ["book", "pencil", "lesson", "teacher", "desk", "chalk", "map", "exam", "library",
-         "notebook", "ruler", "poem", "essay", "globe", "homework"],
-        ["read", "wrote", "studied", "copied", "explained", "answered", "drew", "corrected"],
-        ["long", "difficult", "neat", "clever", "boring", "new"],
-        ["the classroom", "the library", "the school"],
-    ),
-    "forest": (
-        ["tree", "trail", "fox", "river", "moss", "owl", "tent", "pine", "deer", "mushroom",
-         "branch", "stream", "campfire", "cabin", "log"],
-        ["climbed", "followed", "gathered", "crossed", "lit", "tracked", "found", "chopped"],
-        ["green", "dark", "wild", "cold", "ancient", "quiet"],
-        ["the forest", "the woods", "the valley"],
-    ),
-    "music": (
-        ["piano", "song", "violin", "drum", "guitar", "melody", "choir", "concert", "flute",
-         "rhythm", "stage", "trumpet", "chord", "band", "orchestra"],
-        ["played", "tuned", "practised", "sang", "composed", "rehearsed", "hummed", "performed"],
-        ["loud", "soft", "beautiful", "slow", "lively", "sad"],
-        ["the concert hall", "the studio", "the music room"],
-    ),
-    "city": (
-        ["bus", "market", "street", "shop", "tram", "bridge", "tower", "cafe", "crowd",
-         "station", "taxi", "square", "museum", "ticket", "train"],
-        ["visited", "crossed", "waited for", "caught", "missed", "photographed", "bought", "entered"],
-        ["busy", "noisy", "crowded", "modern", "huge", "bright"],
-        ["the city", "the old town", "the station"],
-    ),
-    "space": (
-        ["rocket", "planet", "star", "moon", "telescope", "orbit", "comet", "astronaut",
-         "engine", "satellite", "crater", "galaxy", "capsule", "signal", "helmet"],
-        ["launched", "observed", "repaired", "measured", "tracked", "landed", "scanned", "studied"],
-        ["distant", "bright", "silent", "frozen", "enormous", "strange"],
-        ["the space station", "the observatory", "mission control"],
-    ),
-    "garden": (
-        ["rose", "tulip", "shovel", "hose", "hedge", "lawn", "seedling", "bee", "worm",
-         "flower", "basket", "vine", "tomato", "greenhouse", "soil"],
-        ["pruned", "dug", "weeded", "picked", "trimmed", "sowed", "planted", "watered"],
-        ["green", "colourful", "fragrant", "sunny", "tidy", "ripe"],
-        ["the garden", "the greenhouse", "the orchard"],
-    ),
-    "sport": (
-        ["ball", "goal", "team", "coach", "race", "match", "stadium", "whistle", "medal",
-         "racket", "net", "score", "trophy", "referee", "helmet"],
-        ["kicked", "won", "lost", "trained for", "threw", "caught", "scored", "cheered for"],
-        ["fast", "tired", "proud", "strong", "close", "final"],
-        ["the stadium", "the gym", "the pitch"],
-    ),
-}
+
+def _load_topics(path: Path) -> dict[str, tuple[list[str], list[str], list[str], list[str]]]:
+    """``topic -> (nouns, past-tense verbs, adjectives, places)`` from ``topics.toml``,
+    in the file's order (the order of the topic labels)."""
+    with path.open("rb") as f:
+        tables = tomllib.load(f)
+    return {topic: (t["nouns"], t["verbs"], t["adjectives"], t["places"]) for topic, t in tables.items()}
+
+
+TOPICS = _load_topics(Path(__file__).with_name("topics.toml"))
 
 NAMES = [("anna", "she"), ("ben", "he"), ("clara", "she"), ("david", "he"), ("emma", "she"),
          ("felix", "he"), ("grace", "she"), ("henry", "he"), ("iris", "she"), ("jack", "he"),
