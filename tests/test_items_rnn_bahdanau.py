@@ -170,6 +170,28 @@ def test_stub_reports_once():
     assert all(r.message == "not run" for r in result.results[1:])
 
 
+
+class MislaidAttention(BahdanauAttention):
+    """Bahdanau attention with the layout mistakes any module can make: a stray bias
+    (W_h), a missing one (W_s), and nn.Linear's arguments swapped (W_s)."""
+
+    def __init__(self, enc_dim, dec_dim, attn_dim):
+        super().__init__(enc_dim, dec_dim, attn_dim)
+        self.W_h = nn.Linear(enc_dim, attn_dim)
+        self.W_s = nn.Linear(attn_dim, dec_dim, bias=False)
+
+
+def test_a_wrong_parameter_layout_is_explained():
+    result = grade(get_spec("BahdanauAttention"), MislaidAttention, hidden=True)
+    layout = next(r for r in result.results if r.title.startswith("parameters"))
+    assert not layout.passed
+    for hint in ("yours: W_h.weight (5, 6), W_h.bias (5,), W_s.weight (4, 5), v.weight (1, 5).",
+                 "W_h should have no bias: nn.Linear(..., bias=False).",
+                 "W_s should have a bias: nn.Linear(in, out) has one by default (bias=True).",
+                 "W_s.weight has its shape transposed: nn.Linear(in, out) stores its weight as (out, in)"):
+        assert hint in layout.message, layout.message
+    assert "v.weight has" not in layout.message
+
 CONTRACT = {
     "01_rnn_limitations": {"rnn_step": "def rnn_step(x_t, h_prev, W_xh, W_hh, b_h)",
                            "rnn_forward": "def rnn_forward(X, h0, W_xh, W_hh, b_h)",

@@ -239,15 +239,39 @@ def parameter_shapes(trial: Any, args: tuple, expected: dict[str, tuple], what: 
                      advice: Callable[[dict], str] = lambda got: "", **options: Any) -> None:
     """The parameter-layout sub-check: the student's ``impl(*args)`` has exactly the
     parameters ``expected`` (name → shape), as the grader loads its weights by name.
-    ``what`` names the module in the message ("SelfAttention(d_model=6, d_k=4, d_v=5)");
-    ``advice(got)`` adds hints for a wrong layout; ``options`` go to :func:`layout`
+    ``what`` names the module in the message ("SelfAttention(d_model=6, d_k=4, d_v=5)").
+    A wrong layout's message names stray or missing biases and transposed weights;
+    ``advice(got)`` adds the item's own hints. ``options`` go to :func:`layout`
     (with ``values``, the shapes are those of the parameters, buffers left out)."""
     built = layout(trial, args, **options)
     got = ({k: tuple(v.shape) for k, v in built.get("values", {}).items()} if options.get("values")
            else built["state"])
     if got != expected:
         raise CheckFailed(f"{what} should have exactly the parameters {_shapes(expected)}; yours: "
-                          f"{_shapes(got) or 'none'}.{advice(got)}")
+                          f"{_shapes(got) or 'none'}.{_layout_hints(got, expected)}{advice(got)}")
+
+
+def _layout_hints(got: dict[str, tuple], expected: dict[str, tuple]) -> str:
+    """Hints for the layout mistakes any module can make: biases that should not be
+    there or are missing, and weights stored transposed."""
+    def modules(keys: list[str]) -> str:
+        names = [k.removesuffix(".bias") for k in keys]
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+    hints = ""
+    extra = [k for k in got if k.endswith(".bias") and k not in expected]
+    missing = [k for k in expected if k.endswith(".bias") and k not in got
+               and k.removesuffix(".bias") + ".weight" in got]
+    if extra:
+        hints += f" {modules(extra)} should have no bias: nn.Linear(..., bias=False)."
+    if missing:
+        hints += f" {modules(missing)} should have a bias: nn.Linear(in, out) has one by default (bias=True)."
+    transposed = [k for k, shape in expected.items() if len(shape) == 2 and shape[0] != shape[1]
+                  and got.get(k) == shape[::-1]]
+    if transposed:
+        hints += (f" {', '.join(transposed)} {'has its shape' if len(transposed) == 1 else 'have their shapes'} "
+                  "transposed: nn.Linear(in, out) stores its weight as (out, in); check the order of its arguments.")
+    return hints
 
 
 def module_gradients(trial: Any, case: Case, names: Sequence[str] = ("x",), state: bool = False,

@@ -242,8 +242,6 @@ def _mha_advice(got: dict) -> str:
     if any(v in ((4, 8), (8, 4)) for v in got.values()):
         advice += (" Keep one nn.Linear(d_model, d_model) per projection and split its output into heads "
                    "(d_model / num_heads features each) instead of one small Linear per head.")
-    if not any(k.endswith(".bias") for k in got):
-        advice += " The projections have a bias: nn.Linear(d_model, d_model) (bias=True is the default)."
     return advice
 
 

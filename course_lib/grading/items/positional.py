@@ -310,8 +310,6 @@ def _relattn_advice(got: dict) -> str:
     advice = ""
     if got.get("rel_k.weight", (5,))[0] != 5:
         advice += " There are 2δ + 1 = 5 clipped distances −2 … 2, so the embeddings have 2·max_distance + 1 rows."
-    if any(k.endswith(".bias") for k in got):
-        advice += " The projections have no bias: nn.Linear(d_model, d_model, bias=False)."
     return advice
 
 
