@@ -1,6 +1,9 @@
 """Reference implementations, data generators, plots, widgets and grading checks
 for the attention and transformers workbook.
 
+Conventions, in every module: batch first (``(B, T, D)``); masks are boolean with True
+meaning "may attend"; attention functions and layers return ``(output, weights)``.
+
 Modules, one idea each:
 
 - ``course_lib.device``     device choice, seeding and scoped thread counts

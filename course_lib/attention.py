@@ -1,7 +1,7 @@
 """Scaled dot-product attention, attention masks and single-head self-attention.
 
-Conventions (all of course_lib): batch first, masks are boolean with True meaning
-"may attend", and attention functions return ``(output, weights)``.
+The conventions of all of course_lib (batch first; boolean masks, True = "may attend";
+``(output, weights)`` returned) are stated in the package's docstring.
 """
 
 from __future__ import annotations

@@ -4,9 +4,6 @@
 ``head_j = Attn(Q W_q^j, K W_k^j, V W_v^j)``. As in ``torch.nn.MultiheadAttention``
 the per-head projections are stored as one ``nn.Linear(d_model, d_model)`` each for
 queries, keys and values, whose output is split into ``H`` heads of size ``d_model / H``.
-
-Conventions (all of course_lib): batch first, boolean masks with True = "may attend",
-attention returns ``(output, weights)``.
 """
 
 from __future__ import annotations

@@ -6,9 +6,6 @@
   for the clipped distance ``clip(j − i, −δ, δ)`` added to keys and values;
 - rotary position embeddings (Su et al., 2021), which rotate queries and keys so that
   their dot product depends only on the distance ``j − i``.
-
-Conventions (all of course_lib): batch first, boolean masks with True = "may attend",
-attention returns ``(output, weights)``.
 """
 
 from __future__ import annotations

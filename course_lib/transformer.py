@@ -2,9 +2,6 @@
 encoder and decoder layers (post-LN as in the paper, pre-LN with ``norm_first=True``),
 their stacks, and the full encoder–decoder model with shared embeddings.
 
-Conventions (all of course_lib): batch first ``(B, T, D)``, boolean masks with
-True = "may attend", attention returns ``(output, weights)``.
-
 - encoder layer (post-LN): ``x = LN(x + MHSA(x))``, ``x = LN(x + FFN(x))``
 - encoder layer (pre-LN):  ``x = x + MHSA(LN(x))``, ``x = x + FFN(LN(x))``
 - decoder layer: masked self-attention, cross-attention on the encoder output ``Z``
