@@ -46,6 +46,7 @@ from traitlets.config import Config
 from .course import Course, CourseError, read_json, write_json_atomic
 from .pool import WorkerPool
 from .sandbox import Limits, SandboxUnavailable, check_available
+from . import untrusted
 from .problems import problem
 
 __all__ = ["GradingOptions", "autograde", "Problem", "MAX_NOTEBOOK_MB", "Limits"]
@@ -97,7 +98,7 @@ def read_submission(path: Path) -> tuple[NotebookNode | None, list[dict]]:
                                                    f"{MAX_NOTEBOOK_MB} MB limit for a notebook")]
     text = path.read_bytes().decode("utf-8", errors="replace")
     try:
-        raw = json.loads(text)
+        raw = untrusted.loads(text)
     except ValueError as exc:
         return None, [problem("invalid_json", f"{path.name} is not valid notebook JSON ({exc}); "
                                               "the file is damaged or was not saved from Jupyter")]

@@ -24,7 +24,6 @@ other students from being imported.
 from __future__ import annotations
 
 import io
-import json
 import re
 import shutil
 import zipfile
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+from . import untrusted
 from .problems import problem
 from .course import Course, CourseError, read_json, write_json_atomic
 
@@ -107,7 +107,7 @@ def _expand(item: _File) -> tuple[list[_File], list[str]]:
 
 def _grade_ids(data: bytes) -> set[str]:
     try:
-        nb = json.loads(data.decode("utf-8", errors="replace"))
+        nb = untrusted.loads(data.decode("utf-8", errors="replace"))
     except ValueError:
         return set()
     ids = set()
@@ -123,8 +123,8 @@ def _grade_ids(data: bytes) -> set[str]:
 
 def _is_notebook_json(data: bytes) -> bool:
     try:
-        nb = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+        nb = untrusted.loads(data.decode("utf-8"))
+    except ValueError:  # (UnicodeDecodeError is one)
         return False
     return isinstance(nb, dict) and ("cells" in nb or "worksheets" in nb)
 

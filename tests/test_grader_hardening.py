@@ -9,7 +9,9 @@ import nbformat
 import pytest
 import torch
 
+from autograder import untrusted
 from autograder.autograde import _extra_files, item_salt, read_submission
+from autograder.collect import _grade_ids, _is_notebook_json
 from autograder.copies import find_copies, forbidden_uses
 from autograder.oracle import Oracle
 from autograder.stubs import reference_targets
@@ -58,6 +60,31 @@ def test_symlinked_submissions_and_files_are_not_followed(tmp_path):
     files, links = _extra_files(folder)
     assert [f for f, _ in files] == ["data.csv"] and links == ["notes.txt"]
 
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def test_a_deeply_nested_notebook_is_a_bad_file_not_a_crash(tmp_path):
+    # json.loads raises RecursionError (not ValueError) a thousand levels down: unguarded,
+    # 400 kB in one student's file stopped collect and autograde for the whole class
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1", metadata={"deep": "DEEP"})])
+    text = nbformat.writes(nb).replace('"DEEP"', _nested(200_000))
+    path = tmp_path / "s1" / "03" / "03.ipynb"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    got, problems = read_submission(path)
+    assert got is None and [p["kind"] for p in problems] == ["invalid_json"]
+    assert "nested more than 100 levels deep" in problems[0]["message"]
+    assert _grade_ids(text.encode()) == set() and _is_notebook_json(text.encode()) is False
+    # the limit sits far above any real notebook, and counts exactly
+    assert untrusted.depth(nbformat.reads(nbformat.writes(nb), as_version=4)) < 10
+    assert untrusted.depth([]) == 1 and untrusted.depth({"a": [1, {"b": []}]}) == 4 and untrusted.depth(7) == 0
+    assert untrusted.depth(untrusted.loads(_nested(untrusted.MAX_JSON_DEPTH))) == untrusted.MAX_JSON_DEPTH
+    for levels in (untrusted.MAX_JSON_DEPTH + 1, 5_000):
+        with pytest.raises(ValueError, match="levels deep"):
+            untrusted.loads(_nested(levels))
 
 def test_student_markdown_and_messages_are_made_inert():
     md = clean_markdown("<script>alert(1)</script> [x](javascript:alert(1)) `<bos>` <img src=x onerror=y>")
