@@ -1123,15 +1123,23 @@ def _parents() -> dict[int, int]:
     return out
 
 
-def _graded_elsewhere(pid: int, table: dict[int, str], parents: dict[int, int], mine: tuple[str, ...]) -> bool:
-    """The process belongs to a `workbook autograde` still running on another course (a
-    test session beside this one): one of its ancestors is that command."""
+def _graded_elsewhere(pid: int, procs: dict[int, tuple[int, str]], parents: dict[int, int],
+                      mine: tuple[str, ...]) -> bool:
+    """The sandbox process belongs to a grader beside this test, not to this test's
+    grading: among its ancestors (sandbox users aside) is a `workbook autograde` of
+    another course, or a Python process other than this one (a test on the other pytest
+    worker that runs a sandbox itself). What this test's grading leaves behind hangs
+    from its own `workbook autograde`, from this process, or, orphaned, from init."""
     seen = 0
     while pid in parents and seen < 64:
         pid, seen = parents[pid], seen + 1
-        cmd = table.get(pid, "")
+        if pid <= 1 or pid == os.getpid():
+            return False
+        uid, cmd = procs.get(pid, (0, ""))
         if "autograder.cli" in cmd and "autograde" in cmd:
             return not any(f"--course {root}" in cmd for root in mine)
+        if uid < 100_000 and "python" in cmd.split(" ", 1)[0]:
+            return True
     return False
 
 
@@ -1139,11 +1147,11 @@ def _survivors(wait: float = 0.0, markers: tuple[str, ...] = (MARK, "HOSTILE_"),
                mine: tuple[str, ...] = ()) -> list[tuple[int, int, str]]:
     """Processes of a sandbox (uid >= 100000) or with an attacker's marker in their
     command line; waits up to ``wait`` seconds for them to go. Sandboxes of another
-    course's running ``workbook autograde`` (not ``mine``) are not counted."""
+    grader still running (:func:`_graded_elsewhere`) are not counted."""
     deadline = time.monotonic() + wait
     while True:
         procs = _process_table()
-        table, parents = {pid: cmd for pid, _, cmd in procs}, _parents()
+        table, parents = {pid: (uid, cmd) for pid, uid, cmd in procs}, _parents()
         found = [(pid, uid, cmd) for pid, uid, cmd in procs
                  if pid != os.getpid() and (any(m in cmd for m in markers)
                                             or (uid >= 100_000 and not _graded_elsewhere(pid, table, parents, mine)))]
