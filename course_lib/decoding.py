@@ -20,6 +20,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from .device import torch_threads
 from .optim import label_smoothed_cross_entropy
 
 __all__ = ["teacher_forcing_loss", "greedy_decode", "beam_search", "length_penalty", "capture_attention"]
@@ -70,7 +71,8 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, bos_id: int, eos_id: int,
-                max_len: int, beam_size: int = 4, alpha: float = 0.6) -> list[list[int]]:
+                max_len: int, beam_size: int = 4, alpha: float = 0.6,
+                num_threads: int | str | None = "auto") -> list[list[int]]:
     """Beam search, one source sentence at a time.
 
     Keeps the ``beam_size`` best partial translations by summed log-probability; a
@@ -78,10 +80,12 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, bos_id: 
     ``log p(Y) / length_penalty(|Y|, alpha)`` (``|Y|`` counts the tokens after ``<bos>``,
     ``<eos>`` included). Returns, for each sentence, the best finished hypothesis as a
     list of ids starting with ``bos_id`` (ending with ``eos_id`` unless ``max_len`` cut it).
+    Runs on ``num_threads`` CPU threads (:func:`~course_lib.device.torch_threads`; ``"auto"``:
+    one for a small model).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(num_threads, model):
         return [_beam_one(model, src[b:b + 1], None if src_mask is None else src_mask[b:b + 1],
                           bos_id, eos_id, max_len, beam_size, alpha) for b in range(src.size(0))]
 

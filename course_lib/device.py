@@ -9,10 +9,15 @@ from typing import Iterator, TypeVar
 
 import numpy as np
 import torch
+from torch import nn
 
-__all__ = ["get_device", "seed_everything", "grading_mode", "full_or_quick", "torch_threads"]
+__all__ = ["get_device", "seed_everything", "grading_mode", "full_or_quick", "torch_threads", "threads_for",
+           "SMALL_MODEL_PARAMETERS"]
 
 T = TypeVar("T")
+
+# Below this many parameters a model runs fastest on one CPU thread (see threads_for).
+SMALL_MODEL_PARAMETERS = 1_000_000
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -73,15 +78,20 @@ def full_or_quick(full: T, quick: T) -> T:
 
 
 @contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
+def torch_threads(n: int | str | None, model: nn.Module | None = None) -> Iterator[None]:
     """Run the block with ``n`` PyTorch CPU threads, then restore the previous number.
 
     Small models (a few hundred thousand parameters) run a long chain of tiny
     operations; one thread avoids the cost of coordinating threads, which is large on a
-    busy machine. ``None`` leaves the setting alone.
+    busy machine. ``None`` leaves the setting alone; ``"auto"`` is
+    :func:`threads_for` ``(model)``.
     """
-    if n is not None and n < 1:
-        raise ValueError(f"the number of threads must be >= 1, got {n}")
+    if n == "auto":
+        if model is None:
+            raise ValueError('num_threads="auto" needs the model it is for')
+        n = threads_for(model)
+    elif n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"num_threads must be 'auto', None or a whole number >= 1, got {n!r}")
     previous = torch.get_num_threads()
     if n is not None:
         torch.set_num_threads(n)
@@ -89,3 +99,17 @@ def torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def threads_for(model: nn.Module) -> int | None:
+    """The CPU threads to run ``model`` with: 1 for a small model on the CPU (fewer than
+    :data:`SMALL_MODEL_PARAMETERS` parameters), ``None`` (keep torch's setting) otherwise.
+
+    A small model runs a long chain of tiny matrix products: splitting each over threads
+    costs more than it saves, and on a busy machine waiting threads make it many times
+    slower. :func:`course_lib.training.train` and the evaluation helpers use this rule.
+    """
+    first = next(model.parameters(), None)
+    if first is None or first.device.type != "cpu":
+        return None
+    return 1 if sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS else None

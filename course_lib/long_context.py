@@ -106,11 +106,9 @@ def train_long_context(attention: str, long_T: int = 1024, short_T: int = 64, sh
         return F.cross_entropy(m(tokens).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
     short = train(model, lambda step: shift_by_first_batch(batch_size, short_T, generator=data), loss_fn,
-                  short_steps, optimizer=optimizer, progress=progress, desc=f"{attention}: T={short_T}",
-                  num_threads=1)
+                  short_steps, optimizer=optimizer, progress=progress, desc=f"{attention}: T={short_T}")
     long_batch = max(1, batch_size // 4)
     long = train(model, lambda step: shift_by_first_batch(long_batch, long_T, generator=data), loss_fn,
-                 long_steps, optimizer=optimizer, progress=progress, desc=f"{attention}: T={long_T}",
-                 num_threads=1)
+                 long_steps, optimizer=optimizer, progress=progress, desc=f"{attention}: T={long_T}")
     return LongContextRun(attention, model, short, long, long_T, long.seconds / max(long_steps, 1),
                           shift_accuracy(model, long_T))

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from .data.vocab import Seq2SeqBatch
 from .device import torch_threads
 
-__all__ = ["sequence_loss", "greedy_tokens", "Seq2SeqScores", "score_predictions", "evaluate", "accuracy_by_length"]
+__all__ = ["sequence_loss", "Seq2SeqScores", "score_predictions", "evaluate", "accuracy_by_length"]
 
 
 def _first(out):
@@ -29,22 +29,18 @@ def sequence_loss(model: nn.Module, batch: Seq2SeqBatch) -> Tensor:
     return F.cross_entropy(logits[batch.tgt_mask], batch.tgt_out[batch.tgt_mask])
 
 
-@torch.no_grad()
-def greedy_tokens(model: nn.Module, batch: Seq2SeqBatch, bos_id: int) -> Tensor:
-    """Greedy predictions ``(B, T_out)`` for as many steps as the longest target."""
-    return _first(model.greedy(batch.src, batch.src_mask, batch.tgt_out.size(1), bos_id))
-
-
 @dataclass
 class Seq2SeqScores:
     """Exact match (every target token right), token accuracy, accuracy at each
-    output position (``nan`` where no target is that long) and per-example correctness."""
+    output position (``nan`` where no target is that long) and per-example correctness;
+    from :func:`evaluate`, also the decoder's attention weights, where it has them."""
 
     exact_match: float
     token_accuracy: float
     per_position: Tensor  # (T_out,)
     correct: Tensor  # (B,) bool: whole sequence right
     src_lengths: Tensor  # (B,)
+    weights: Tensor | None = None  # (B, T_out, T_src) on the CPU, or None for a model without attention
 
 
 def score_predictions(pred: Tensor, batch: Seq2SeqBatch) -> Seq2SeqScores:
@@ -66,19 +62,25 @@ def score_predictions(pred: Tensor, batch: Seq2SeqBatch) -> Seq2SeqScores:
     )
 
 
-def evaluate(model: nn.Module, batch: Seq2SeqBatch, bos_id: int, num_threads: int | None = 1) -> Seq2SeqScores:
-    """Greedy-decode ``batch`` with ``model`` (in eval mode) and score it.
+def evaluate(model: nn.Module, batch: Seq2SeqBatch, bos_id: int,
+             num_threads: int | str | None = "auto") -> Seq2SeqScores:
+    """Greedy-decode ``batch`` with ``model`` (in eval mode) and score it; the scores
+    keep the decoder's attention weights if ``model.greedy`` returns them.
 
-    Decoding runs on ``num_threads`` CPU threads (default one: the decoders here are
-    chains of tiny operations; ``None`` keeps the current setting).
+    Decoding runs on ``num_threads`` CPU threads: ``"auto"`` (the default) picks one for
+    a small model (:func:`~course_lib.device.threads_for`), ``None`` keeps the current setting.
     """
     was_training = model.training
     model.eval()
     try:
-        with torch_threads(num_threads):
-            return score_predictions(greedy_tokens(model, batch, bos_id), batch)
+        with torch_threads(num_threads, model), torch.no_grad():
+            out = model.greedy(batch.src, batch.src_mask, batch.tgt_out.size(1), bos_id)
     finally:
         model.train(was_training)
+    tokens, weights = out if isinstance(out, tuple) else (out, None)
+    scores = score_predictions(tokens, batch)
+    scores.weights = weights.detach().cpu() if weights is not None else None
+    return scores
 
 
 def accuracy_by_length(scores: Seq2SeqScores, bins: list[tuple[int, int]] | None = None) -> dict[str, list[float]]:

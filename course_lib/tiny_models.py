@@ -147,10 +147,10 @@ def accuracy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> float
 def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: int, lr: float = 3e-3,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, weight_decay: float = 0.0,
         attention_penalty: Callable[[list[Tensor]], Tensor] | None = None,
-        progress: bool = True, desc: str = "training", num_threads: int | None = 1) -> TrainHistory:
+        progress: bool = True, desc: str = "training", num_threads: int | str | None = "auto") -> TrainHistory:
     """:func:`course_lib.training.train` as the experiments of notebooks 04 and 05 use it: AdamW
     with a cosine-decayed learning rate (:func:`~course_lib.training.cosine_schedule`), a fresh
-    batch every step, on one CPU thread by default. Returns train's :class:`TrainHistory`.
+    batch every step. Returns train's :class:`TrainHistory`.
 
     ``make_batch()`` returns ``(inputs, targets)`` or ``(inputs, lengths, targets)``, moved to
     the model's device; the model is called as ``model(inputs)`` or ``model(inputs, lengths)``.
@@ -160,10 +160,8 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
     weights; ``history.losses`` are then the losses minimised (with the penalty) and
     ``history.evals["task loss"]`` the task loss alone, as ``(step, loss)`` pairs.
 
-    ``num_threads``: the number of CPU threads torch uses while training (restored
-    afterwards). The models of these notebooks are so small that one thread is fastest: more
-    threads only add synchronisation, and on a busy machine they slow training down many times.
-    ``None`` keeps torch's setting.
+    ``num_threads`` goes to :func:`~course_lib.training.train` (``"auto"``: one thread for
+    a small model on the CPU).
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
@@ -183,7 +181,7 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
     history = train(model, next_batch=lambda step: make_batch(), loss_fn=step_loss, steps=steps,
                     optimizer=torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay),
                     schedule=cosine_schedule(steps), progress=progress, desc=desc,
-                    num_threads=num_threads if device.type == "cpu" else None)
+                    num_threads=num_threads)
     if attention_penalty is not None:
         history.evals["task loss"] = list(enumerate(task_losses, start=1))
     return history

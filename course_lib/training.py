@@ -76,7 +76,7 @@ def train(model: nn.Module, next_batch: Callable[[int], Any], loss_fn: Callable[
           steps: int, lr: float = 1e-3, optimizer: torch.optim.Optimizer | None = None,
           schedule: Callable[[int], float] | None = None, clip_grad_norm: float | None = 1.0,
           eval_fn: Callable[[nn.Module], dict[str, float]] | None = None, eval_every: int = 0,
-          progress: bool = True, desc: str = "training", num_threads: int | None = None) -> TrainHistory:
+          progress: bool = True, desc: str = "training", num_threads: int | str | None = "auto") -> TrainHistory:
     """Train ``model`` for ``steps`` optimisation steps and return the history.
 
     - ``next_batch(step)`` returns the batch for step ``step`` (0-based);
@@ -86,17 +86,15 @@ def train(model: nn.Module, next_batch: Callable[[int], Any], loss_fn: Callable[
     - ``clip_grad_norm`` clips the global gradient norm (``None`` turns it off);
     - ``eval_fn(model)`` returns metrics, recorded every ``eval_every`` steps and at the
       end (the model is in eval mode and gradients are off while it runs);
-    - ``num_threads``: CPU threads for PyTorch while training (restored afterwards);
-      small models whose matrix products are too small to split run faster on one
-      thread, especially on a busy machine. ``None`` keeps the current setting.
+    - ``num_threads``: CPU threads for PyTorch while training (restored afterwards).
+      ``"auto"`` (the default) picks one thread for a small model on the CPU
+      (:func:`~course_lib.device.threads_for`), ``None`` keeps the current setting.
 
     A non-finite loss stops training with a ``FloatingPointError`` naming the step.
     """
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
-    if num_threads is not None and num_threads < 1:
-        raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-    with torch_threads(num_threads):
+    with torch_threads(num_threads, model):
         return _train(model, next_batch, loss_fn, steps, lr, optimizer, schedule, clip_grad_norm, eval_fn,
                       eval_every, progress, desc)
 

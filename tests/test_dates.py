@@ -128,5 +128,7 @@ def test_attention_on_fields_measures_the_mass_on_each_span():
     w_uniform = torch.full((2, 10, 10), 0.1)
     mass = attention_on_fields(w_uniform, texts)
     assert mass["year"] == pytest.approx((0.2 + 0.4) / 2)
+    with_eos = torch.cat([w, torch.full((2, 1, 10), 0.1)], dim=1)  # the <eos> step is left out
+    assert attention_on_fields(with_eos, texts) == {"year": 1.0, "month": 1.0, "day": 1.0}
     with pytest.raises(ValueError):
         attention_on_fields(torch.zeros(2, 9, 10), texts)

@@ -13,7 +13,7 @@ from conftest import devices
 from course_lib import bahdanau, rnn
 from course_lib.data.copy import CopyTask
 from course_lib.data.vocab import Vocab, make_seq2seq_batch, pad_sequences
-from course_lib.seq2seq import accuracy_by_length, score_predictions
+from course_lib.seq2seq import accuracy_by_length, evaluate, score_predictions
 from course_lib.training import TrainHistory, train
 
 
@@ -165,6 +165,23 @@ def test_scores_and_accuracy_by_length():
     assert ids.tolist() == [[1, 2], [3, 0]] and mask.tolist() == [[True, True], [True, False]]
 
 
+def test_evaluate_keeps_the_decoders_attention_weights():
+    vocab = Vocab.build("ab")
+    batch = make_seq2seq_batch([("ab", "ab"), ("abab", "abab"), ("b", "b")], vocab, vocab)
+    torch.manual_seed(0)
+    V = len(vocab)
+    attentive = bahdanau.AttentionSeq2Seq(V, V, 8, 8, 16, 8)
+    scores = evaluate(attentive, batch, vocab.bos_id)
+    assert attentive.training  # evaluate decodes in eval mode and restores the mode it found
+    with torch.no_grad():
+        tokens, weights = attentive.eval().greedy(batch.src, batch.src_mask, batch.tgt_out.size(1), vocab.bos_id)
+    assert scores.weights is not None and scores.weights.shape == (3, batch.tgt_out.size(1), batch.src.size(1))
+    torch.testing.assert_close(scores.weights, weights)
+    assert scores.exact_match == score_predictions(tokens, batch).exact_match
+    plain = rnn.FixedContextSeq2Seq(V, V, 8, 16)
+    assert evaluate(plain, batch, vocab.bos_id).weights is None
+
+
 def test_training_loop_learns_and_records_history():
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
@@ -205,8 +222,23 @@ def test_training_loop_restores_the_thread_setting(two_threads):
 
     train(model, lambda step: torch.ones(4, 2), loss_fn, steps=2, progress=False, num_threads=1)
     assert seen == [1, 1] and torch.get_num_threads() == before
-    with pytest.raises(ValueError, match="num_threads"):
-        train(model, lambda step: None, loss_fn, steps=1, num_threads=0)
+    train(model, lambda step: torch.ones(4, 2), loss_fn, steps=1, progress=False)  # "auto": a small model, one thread
+    train(model, lambda step: torch.ones(4, 2), loss_fn, steps=1, progress=False, num_threads=None)  # left alone
+    assert seen[2:] == [1, before] and torch.get_num_threads() == before
+    for wrong in (0, "all", 1.5):
+        with pytest.raises(ValueError, match="num_threads"):
+            train(model, lambda step: None, loss_fn, steps=1, num_threads=wrong)
+
+
+def test_threads_for_picks_one_thread_for_small_models_on_the_cpu():
+    from course_lib.device import SMALL_MODEL_PARAMETERS, threads_for
+
+    assert threads_for(nn.Linear(10, 10)) == 1
+    big = nn.Embedding(SMALL_MODEL_PARAMETERS // 8, 8)  # exactly at the limit: no longer small
+    assert threads_for(big) is None
+    assert threads_for(nn.ReLU()) is None  # no parameters, nothing to decide
+    if torch.cuda.is_available():
+        assert threads_for(nn.Linear(10, 10).cuda()) is None
 
 
 def test_torch_threads_is_scoped(two_threads):
@@ -218,9 +250,13 @@ def test_torch_threads_is_scoped(two_threads):
     assert torch.get_num_threads() == before
     with torch_threads(None):
         assert torch.get_num_threads() == before
-    with pytest.raises(ValueError):
-        with torch_threads(0):
-            pass
+    with torch_threads("auto", nn.Linear(4, 4)):  # a small model: one thread
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    for wrong, model in ((0, None), (True, None), ("auto", None)):  # "auto" needs a model to judge
+        with pytest.raises(ValueError, match="num_threads"):
+            with torch_threads(wrong, model):
+                pass
 
 
 def test_context_readout_reads_every_position_from_c_alone():

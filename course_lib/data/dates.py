@@ -186,13 +186,14 @@ def field_spans(text: str) -> dict[str, tuple[int, int]]:
 def attention_on_fields(weights: torch.Tensor, src_texts: Sequence[str]) -> dict[str, float]:
     """How much attention the output digits of each field put on that field in the input.
 
-    ``weights (B, 10, T_in)`` are a model's alignments for ISO targets (rows sum to 1),
-    ``src_texts`` the B written dates. For each field (day, month, year) the result is
+    ``weights (B, T_out, T_in)`` are a model's alignments for ISO targets (rows sum to 1;
+    the first 10 output steps are the date's characters, later ones such as the ``<eos>``
+    step are left out), ``src_texts`` the B written dates. For each field (day, month, year) the result is
     the mean, over the examples and the field's output positions (:data:`ISO_FIELDS`), of
     the total weight on the field's input characters (:func:`field_spans`).
     """
-    if weights.dim() != 3 or weights.shape[0] != len(src_texts) or weights.shape[1] != 10:
-        raise ValueError(f"expected weights (B={len(src_texts)}, 10, T_in), got {tuple(weights.shape)}")
+    if weights.dim() != 3 or weights.shape[0] != len(src_texts) or weights.shape[1] < 10:
+        raise ValueError(f"expected weights (B={len(src_texts)}, T_out >= 10, T_in), got {tuple(weights.shape)}")
     totals = {name: 0.0 for name in ISO_FIELDS}
     for b, text in enumerate(src_texts):
         spans = field_spans(text)
