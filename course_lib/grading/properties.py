@@ -22,7 +22,7 @@ __all__ = [
     "weights_sum_to_one", "masked_weights_zero", "masked_keys_ignored", "gradients_reach",
     "compare_cases", "reference_state", "module_inputs", "module_case", "layout", "parameter_shapes",
     "module_gradients", "padding", "padding_no_leak", "no_future_leak", "ignored_get_no_gradient", "variant",
-    "reproducible",
+    "reproducible", "call_and_inspect",
 ]
 
 
@@ -145,6 +145,16 @@ def masked_keys_ignored(trial: Any, case: Case, perturb: Sequence[str] = ("k", "
             f"On {case.label}: changing the padded (masked) keys and values changed the output, "
             f"so masked keys still leak in. {problem}"
         )
+
+
+def call_and_inspect(trial: Any, inputs: dict, names: Sequence[str], label: str) -> tuple[Any, dict]:
+    """Call the student's function on ``inputs`` and also get the arguments ``names`` back
+    as the call left them (the ``after`` probe): ``(output, {name: value})``, to tell
+    whether it changed them in place. A name the grader could not inspect is missing."""
+    got = trial.student({**inputs, "_after": list(names)}, label, probe="after")
+    if not isinstance(got, dict):
+        return got, {}
+    return got.get("output"), got.get("after") or {}
 
 
 def _gradients(trial: Any, inputs: dict, label: str, names: Sequence[str], index: int | None = 0) -> dict:

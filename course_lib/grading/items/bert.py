@@ -24,8 +24,8 @@ from torch import nn
 
 from ... import bert as ref
 from ... import bpe as ref_bpe
-from ..properties import (compare_cases, dtype_name, generator, ignored_get_no_gradient, layout, module_case,
-                          parameter_shapes, randn, reproducible, type_name, variant)
+from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, ignored_get_no_gradient, layout,
+                          module_case, parameter_shapes, randn, reproducible, type_name, variant)
 from ..properties import seed as salted_seed
 from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -297,12 +297,10 @@ def _run_mask(trial, ids, vocab_size, p, seed, label):
     original = ids.clone()
     kwargs = {"input_ids": ids, "vocab_size": vocab_size, "mask_id": MASK_ID, "special_ids": list(SPECIAL_IDS),
               "mlm_probability": p, "generator": generator(seed)}
-    answer = trial.student({**kwargs, "_after": ["input_ids"]}, label, probe="after")
-    after = (answer.get("after") or {}).get("input_ids") if isinstance(answer, dict) else None
-    answer = {"out": answer.get("output") if isinstance(answer, dict) else answer,
-              "modified": not (isinstance(after, torch.Tensor) and after.shape == original.shape
-                               and torch.equal(after.to(original.device), original))}
-    out = answer.get("out")
+    out, after = call_and_inspect(trial, kwargs, ["input_ids"], label)
+    after = after.get("input_ids")
+    modified = not (isinstance(after, torch.Tensor) and after.shape == original.shape
+                    and torch.equal(after.to(original.device), original))
     if not isinstance(out, tuple) or len(out) != 2:
         raise CheckFailed(f"On {label}: mask_tokens should return a tuple (masked_ids, labels), "
                           f"got {type_name(out)}.")
@@ -313,7 +311,7 @@ def _run_mask(trial, ids, vocab_size, p, seed, label):
                     else f"shape {tuple(t.shape)}, dtype {dtype_name(t.dtype)}")
             raise CheckFailed(f"On {label}: {name} should be a LongTensor of shape {tuple(original.shape)} "
                               f"like input_ids; got {what}.")
-    if answer.get("modified") is not False:
+    if modified:
         raise CheckFailed(f"On {label}: mask_tokens modified input_ids in place; work on a copy (input_ids.clone()).")
     return original, masked.cpu(), labels.cpu()
 

@@ -21,7 +21,7 @@ from ... import attention as ref_attention
 from ... import efficient_attention as ref
 from ..calls import Invoke
 from ..compare import describe_difference
-from ..properties import compare_cases, dtype_name, generator, gradients_reach, randn, reference_state
+from ..properties import call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, randn, reference_state
 from ..properties import seed as salted_seed
 from ..fixtures.efficient import CountingGPT, EluFeatures, PositiveFeatures  # noqa: F401
 from ..runner import LIKELY_CAUSE
@@ -228,11 +228,8 @@ GLOBAL_MISTAKES = (
 
 def _global_leaves_input(trial) -> None:
     case = _global_case(6, 2, [0])
-    inputs = case.make(trial.device)
-    inputs["_after"] = ["mask"]
-    got = trial.student(inputs, case.label, probe="after")
-    before = case.make(trial.device)["mask"]
-    after = got.get("after", {}).get("mask") if isinstance(got, dict) else None
+    _, after = call_and_inspect(trial, case.make(trial.device), ["mask"], case.label)
+    before, after = case.make(trial.device)["mask"], after.get("mask")
     if not isinstance(after, torch.Tensor) or not torch.equal(after.cpu(), before.cpu()):
         raise CheckFailed(f"On {case.label}: the `mask` you were given was modified: work on a copy (mask.clone()), "
                           "so that the caller's window mask stays as it was.")
@@ -621,16 +618,13 @@ def _one_token_per_step(case: Case, expected_positions: int, whole_sequence: int
     (``whole_sequence``: what running on the whole sequence at each step costs)."""
 
     def run(trial) -> None:
-        inputs = case.make(trial.device)
-        inputs["_after"] = ["model"]
-        got = trial.student(inputs, case.label, probe="after")
-        after = got.get("after", {}).get("model") if isinstance(got, dict) else None
-        state = after.get("state", {}) if isinstance(after, dict) else {}
-        ran = state.get("positions_run")
+        output, after = call_and_inspect(trial, case.make(trial.device), ["model"], case.label)
+        model = after.get("model")
+        ran = (model.get("state", {}) if isinstance(model, dict) else {}).get("positions_run")
         expected = trial.reference(case.make(trial.device))
-        problem = describe_difference(expected, got.get("output"))
+        problem = describe_difference(expected, output)
         if problem:
-            hint = trial.likely_mistake(case, got.get("output"), expected)
+            hint = trial.likely_mistake(case, output, expected)
             raise CheckFailed(f"On {case.label}: {problem}" + (f"\n{LIKELY_CAUSE}{hint}" if hint else ""))
         if ran is None or int(ran) != expected_positions:
             message = (f"On {case.label}: the model ran on {int(ran) if ran is not None else '?'} positions in all; "

@@ -22,8 +22,8 @@ from ... import icl as ref_icl
 from ... import sampling as ref_sampling
 from ..calls import Invoke, realise, unwatched
 from ..compare import fmt_num
-from ..properties import (compare_cases, dtype_name, generator, layout, module_case, module_gradients, randn,
-                          reference_state, reproducible, type_name, variant)
+from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, layout, module_case,
+                          module_gradients, randn, reference_state, reproducible, type_name, variant)
 from ..properties import seed as salted_seed
 from ..fixtures.gpt import CentroidModel, ContextSumModel, GaussianSampler, TinyLM  # noqa: F401
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -573,8 +573,8 @@ def _no_parameter_changes(trial) -> None:
     model = realise(inputs["model"])  # the model as shipped, built here
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
-    answer = trial.student({**inputs, "_after": ["model"]}, case.label, probe="after")
-    after = (answer.get("after") or {}).get("model") if isinstance(answer, dict) else None
+    _, after = call_and_inspect(trial, inputs, ["model"], case.label)
+    after = after.get("model")
     if not isinstance(after, dict):
         raise CheckFailed(f"On {case.label}: the model could not be inspected after your call.")
     state = after["state"]
