@@ -67,8 +67,11 @@ def test_methods_side_by_side(run):
     slopes = {name.strip(): (float(t), float(m)) for name, t, m in re.findall(
         rf"\n([\w (),]+?) +slope of time {NUM}, of memory {NUM}; at T = 8192", out)}
     assert set(slopes) == {"full (explicit weights)", "sliding window 64", "tiled, block 256", "PyTorch fused"}
-    assert slopes["full (explicit weights)"][0] > 1.6 and slopes["full (explicit weights)"][1] == pytest.approx(2)
-    assert slopes["sliding window 64"][0] < 1.4 and slopes["sliding window 64"][1] < 1.1
+    full_time = slopes["full (explicit weights)"][0]
+    assert full_time > 1.6 and slopes["full (explicit weights)"][1] == pytest.approx(2)
+    # the window's time grows linearly (slope 1.05 on a quiet machine, 1.42 once beside a busy
+    # pytest worker): compare it with full attention's, measured in the same run
+    assert slopes["sliding window 64"][0] < full_time - 0.4 and slopes["sliding window 64"][1] < 1.1
     assert slopes["tiled, block 256"][0] > 1.6 and slopes["tiled, block 256"][1] < 1.1
     assert slopes["PyTorch fused"][1] < 1.1
 
