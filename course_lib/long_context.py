@@ -94,8 +94,8 @@ def train_long_context(attention: str, long_T: int = 1024, short_T: int = 64, sh
     """Train a :class:`LongContextModel` on :func:`shift_by_first_batch` in two stages, as
     long-context models are trained: ``short_steps`` on ``short_T`` tokens (batch
     ``batch_size``), then ``long_steps`` on ``long_T`` tokens (batch ``batch_size // 4``),
-    timing the long steps (on one CPU thread: a steadier clock on a shared machine). AdamW
-    at ``lr``; everything seeded by ``seed``."""
+    timing the long steps (a small model trains on one CPU thread, as train's "auto" picks: a
+    steadier clock on a shared machine). AdamW at ``lr``; everything seeded by ``seed``."""
     torch.manual_seed(seed)
     data = torch.Generator().manual_seed(seed + 1)
     model = LongContextModel(8 + 4, 8, attention, window)
