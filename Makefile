@@ -1,6 +1,8 @@
 # Two commands do everything on a fresh clone:
 #   make lab    set up .venv and open the workbook in JupyterLab
 #   make test   set up .venv and run the whole test suite
+# Instructors: make setup (the virtualenv, bubblewrap for the grading sandbox, `workbook check`).
+# Any Python 3.11 (3.11.0 and later; Debian 12's own is 3.11.2): make lab PYTHON=/path/to/python3.11
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,6 +11,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: setup lab test test-fast bench browser sandbox postgres release check-release clean-grading
 
 $(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
+	  echo "The workbook needs Python 3.11 (any 3.11.x); '$(PYTHON)' is $$($(PYTHON) --version 2>&1 || echo missing)." >&2; \
+	  echo "Install it (Debian/Ubuntu: sudo apt-get install python3.11 python3.11-venv; macOS: brew install python@3.11)" >&2; \
+	  echo "and name it if it is not on PATH as python3.11: make lab PYTHON=/path/to/python3.11" >&2; exit 2; }
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "'$(PYTHON)' cannot make a virtual environment: install its venv module" >&2; \
+	  echo "(Debian/Ubuntu: sudo apt-get install python3.11-venv)" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
@@ -17,8 +26,10 @@ $(STAMP): pyproject.toml constraints.txt
 # JupyterLab refuses to start as root unless told to (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-# Only the virtualenv (what ./workbook needs)
-setup: $(STAMP)
+# The instructor's set-up: the virtualenv (what ./workbook needs), bubblewrap (the grading
+# sandbox) and `workbook check`, which says whether this machine can grade and how to fix it.
+setup: $(STAMP) sandbox
+	@$(BIN)/python -m autograder.cli check || true
 
 # Opens JupyterLab on work/ (your copies of notebooks/, made on first use, never
 # overwritten). JupyterLab options: make lab LAB_ARGS="--port 8890 --no-browser"

@@ -1,5 +1,6 @@
 """``workbook``: the instructor's one command, from release to grades.
 
+    workbook check                            is this machine ready to grade? (the sandbox, the gradebook)
     workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
                                               (--check: only check notebooks/ is in sync)
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--course", help="the course folder (default: the nearest folder with nbgrader_config.py)")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("check", help="is this machine ready to grade? (the grading sandbox, the gradebook)")
 
     p = sub.add_parser("release", help="regenerate the student notebooks from solutions/")
     p.add_argument("assignment", nargs="?")
@@ -132,6 +135,36 @@ def _read_roster(path: str) -> set[str]:
     if lines and lines[0].lower() in ("id", "student_id", "student", "username"):
         lines = lines[1:]  # a one-column roster's header
     return set(lines)
+
+
+def _check(course: Course) -> int:
+    """What `make setup` runs last: whether `workbook autograde` can seal submissions off here, and
+    whether the gradebook opens; each problem with its fix."""
+    from .sandbox import SandboxUnavailable, check_available
+    ready = True
+    try:
+        print(f"sandbox: ready (bubblewrap at {check_available()})")
+    except SandboxUnavailable as exc:
+        print(f"sandbox: NOT READY: {exc}")
+        ready = False
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+    try:
+        url = make_url(course.db_url)
+    except ArgumentError:  # open_gradebook below says what is wrong with it
+        url = None
+    if url is not None and url.get_backend_name() == "sqlite":
+        print(f"gradebook: a SQLite file, {url.database} (made by the first `workbook release`)")
+    else:
+        try:
+            with course.gradebook():
+                pass
+            print(f"gradebook: ready ({url.render_as_string(hide_password=True)})")
+        except CourseError as exc:
+            print(f"gradebook: NOT READY: {exc}")
+            ready = False
+    print("ready to grade" if ready else "not ready to grade: fix the lines above, then run `workbook check` again")
+    return 0 if ready else 2
 
 
 def _release(course: Course, args: argparse.Namespace) -> int:
@@ -272,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("feedback", "export", "report", "status"):
             from .reports import check_assignments
             check_assignments(course, getattr(args, "assignments", None))
+        if args.command == "check":
+            return _check(course)
         if args.command == "release":
             return _release(course, args)
         if args.command == "collect":
