@@ -19,6 +19,7 @@ sandbox) and from the student, notebook and item.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import functools
 import hashlib
@@ -46,12 +47,11 @@ from traitlets.config import Config
 from .course import Course, CourseError, read_json, write_json_atomic
 from .pool import WorkerPool
 from .sandbox import Limits, SandboxUnavailable, check_available
-from . import untrusted
+from . import intake
+from .intake import IntakeLimits, Refused
 from .problems import problem
 
-__all__ = ["GradingOptions", "autograde", "Problem", "MAX_NOTEBOOK_MB", "Limits"]
-
-MAX_NOTEBOOK_MB = 50
+__all__ = ["GradingOptions", "autograde", "Limits", "submission_time"]
 _QUIET = logging.getLogger("autograder.quiet")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
@@ -85,42 +85,41 @@ class GradingOptions:
 # Reading and sanitizing a submission (parent process)
 # ---------------------------------------------------------------------------
 
-def read_submission(path: Path) -> tuple[NotebookNode | None, list[dict]]:
-    """Read a submitted notebook as nbformat 4; (None, reasons) when it cannot be read.
-    A symbolic link is never followed (it could point at a solution or another student's work)."""
+def read_submission(path: Path, limits: IntakeLimits | None = None) -> tuple[NotebookNode | None, list[dict]]:
+    """Read a submitted notebook as nbformat 4 through :mod:`autograder.intake` (its limits
+    checked before the JSON is parsed); (None, reasons) when it cannot be read. A symbolic
+    link is never followed (it could point at a solution or another student's work)."""
+    limits = limits or IntakeLimits()
     if path.is_symlink() or any(p.is_symlink() for p in path.parents[:2]):
         return None, [problem("symlink", f"{path.name} is a symbolic link; it was not read")]
     if not path.is_file():
         return None, [problem("missing", f"no submitted notebook {path.name}")]
     size = path.stat().st_size
-    if size > MAX_NOTEBOOK_MB * 1024 * 1024:
-        return None, [problem("invalid_notebook", f"{path.name} is {size / 2**20:.0f} MB, over the "
-                                                   f"{MAX_NOTEBOOK_MB} MB limit for a notebook")]
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    if size > limits.notebook_bytes:
+        return None, [problem("rejected", f"rejected: {path.name} is {size / 2**20:.1f} MB, over the limit of "
+                                          f"{limits.notebook_mb:g} MB for a notebook")]
     try:
-        raw = untrusted.loads(text)
+        nb, version = intake.read_notebook(path.read_bytes(), path.name, limits)
+    except Refused as exc:
+        return None, [problem("rejected", f"rejected: {path.name}: {exc}")]
     except ValueError as exc:
         return None, [problem("invalid_json", f"{path.name} is not valid notebook JSON ({exc}); "
                                               "the file is damaged or was not saved from Jupyter")]
+    except TypeError as exc:
+        return None, [problem("invalid_notebook", f"{path.name}: {exc}")]
     problems = []
-    version = raw.get("nbformat") if isinstance(raw, dict) else None
-    if not isinstance(version, int):
-        return None, [problem("invalid_notebook", f"{path.name} is JSON but not a Jupyter notebook "
-                                                  "(no nbformat version)")]
-    try:
-        nb = nbformat.reads(text, as_version=4)
-        for index, cell in enumerate(nb.cells):  # older notebooks have no cell ids
-            if not cell.get("id"):
-                cell["id"] = f"cell-{index}"
-        nb.nbformat_minor = max(nb.nbformat_minor, 5)
-        nbformat.validate(nb)
-    except Exception as exc:  # nbformat raises many kinds on damaged input
-        return None, [problem("invalid_notebook", f"{path.name} is not a readable notebook: "
-                                                  f"{type(exc).__name__}: {str(exc)[:300]}")]
     if version < 4:
         problems.append(problem("old_format", f"written by an older Jupyter (nbformat {version}); "
                                               "converted to nbformat 4 before grading"))
     return nb, problems
+
+
+def submission_time(collect_log: dict, student: str) -> dt.datetime | None:
+    """When ``student`` handed the assignment in, as ``collect`` determined it from a source
+    the student cannot write (the LMS, the exchange's files, the moment of collect); None
+    when nothing told (lateness unknown). A ``timestamp.txt`` the student wrote is never it."""
+    text = ((collect_log.get("times") or {}).get(student) or {}).get("time")
+    return intake.parse_time(text) if isinstance(text, str) else None
 
 
 def _source_cells(gb: Gradebook, notebook: str, assignment: str) -> dict[str, Any]:
@@ -409,7 +408,11 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
         unknown = [s for s in options.students if not course.submission_dir(s, assignment).is_dir()]
         if unknown:
             raise CourseError(f"no submission of {assignment} for: {', '.join(unknown)}")
-    collect_notes = read_json(course.collect_log_path(assignment), {}).get("notes", {})
+    collect_log = read_json(course.collect_log_path(assignment), {}) or {}
+    collect_notes = collect_log.get("notes", {})
+    rejected = collect_log.get("rejected", {})
+    from .settings import intake_limits
+    intake_rules = intake_limits(course)
     limits = options.limits
     threads = str(options.threads_per_kernel)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
@@ -441,9 +444,9 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
         # 1. read and sanitize everything (cheap, sequential, gradebook reads only here)
         for student in students:
             _with_retry(gb, lambda: gb.update_or_create_student(student))
-            timestamp = course.coursedir.get_existing_timestamp(str(course.submission_dir(student, assignment)))
-            stamp = {"timestamp": timestamp} if timestamp else {}
-            _with_retry(gb, lambda: gb.update_or_create_submission(assignment, student, **stamp))
+            # the time collect determined from a source the student cannot write (None: unknown)
+            timestamp = submission_time(collect_log, student)
+            _with_retry(gb, lambda: gb.update_or_create_submission(assignment, student, timestamp=timestamp))
             for notebook in notebooks:
                 task_id = f"{student}/{notebook}"
                 folder = course.submission_dir(student, assignment)
@@ -458,7 +461,10 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                         and course.autograded_path(student, assignment, notebook).exists() == (old["status"] == "graded")):
                     task.job = {"skip": True}
                     continue
-                nb, problems = read_submission(path)
+                if student in rejected:
+                    task.problems = [problem("rejected", f"rejected at collect: {rejected[student]}")]
+                    continue
+                nb, problems = read_submission(path, intake_rules)
                 problems += [problem("symlink", f"{link} is a symbolic link; it was not given to the notebook")
                              for link in links]
                 task.problems = problems
@@ -553,9 +559,9 @@ def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | Non
         AssignLatePenalties(config=course.config, log=_QUIET).preprocess(nb, resources)
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, str(target))
-        folder = course.submission_dir(s, a)
-        if (folder / "timestamp.txt").is_file():
-            shutil.copyfile(folder / "timestamp.txt", target.parent / "timestamp.txt")
+        timestamp = gb.find_submission(a, s).timestamp  # the trusted time (collect), never the student's file
+        if timestamp is not None:
+            (target.parent / "timestamp.txt").write_text(f"{timestamp:%Y-%m-%d %H:%M:%S.%f} UTC", encoding="utf-8")
         problems.extend(result["problems"])
         for cell in result["cells"]:
             if cell["error"] and not any(p.get("cell") == cell["grade_id"] and p["kind"] != "error"

@@ -22,7 +22,6 @@ It reads the gradebook (one query per assignment) and the reports in
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import html
 import io
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .course import Course, read_json, write_json_atomic
+from .outbound import CSP_META, write_csv
 
 __all__ = ["Grading", "load_gradings", "summarize", "write_report", "difference_kind"]
 
@@ -338,6 +338,12 @@ def _mistakes_plot(rows: list[dict], title: str, top: int = 12) -> str:
     return _png(fig)
 
 
+def _plain(label: Any) -> str:
+    """A label matplotlib shows as it is: ``$`` would start its math mode (and bad math
+    stops the whole plot)."""
+    return str(label).replace("$", r"\$")
+
+
 def _heatmap_plot(heatmap: dict) -> str:
     import matplotlib.pyplot as plt
     import numpy as np
@@ -350,7 +356,7 @@ def _heatmap_plot(heatmap: dict) -> str:
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=1, aspect="auto",
                       interpolation="nearest")
     ax.set_xticks(range(len(heatmap["columns"])), heatmap["columns"], rotation=30, ha="right")
-    ax.set_yticks(range(len(rows)), [r["student"] for r in rows], fontsize=7 if len(rows) > 40 else 9)
+    ax.set_yticks(range(len(rows)), [_plain(r["student"]) for r in rows], fontsize=7 if len(rows) > 40 else 9)
     ax.set_title("share of points per notebook (grey: no submission)")
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="share of points")
     return _png(fig)
@@ -392,7 +398,7 @@ def _mistake_table(rows: list[dict], names: bool, with_item: bool = True) -> str
 def render_html(data: dict) -> str:
     """The self-contained page (plots embedded as PNG; no script, no network)."""
     names = data["names"]
-    parts = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>What the class got wrong</title>"
+    parts = [f"<!DOCTYPE html><html><head>{CSP_META}<meta charset=\"utf-8\"><title>What the class got wrong</title>"
              f"<style>{_STYLE}</style></head><body>",
              "<h1>What the class got wrong</h1>",
              f"<p>{data['students']} students, {len(data['assignments'])} "
@@ -452,11 +458,7 @@ def render_html(data: dict) -> str:
 
 
 def _write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "; ".join(v) if isinstance(v, list) else v for k, v in row.items()})
+    write_csv(path, [{k: "; ".join(v) if isinstance(v, list) else v for k, v in row.items()} for row in rows], columns)
 
 
 def write_report(course: Course, out_dir: str | Path | None = None, assignments: list[str] | None = None,

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from .course import Course, CourseError
+from .intake import shown
 
 __all__ = ["main", "build_parser"]
 
@@ -64,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--roster", help="file of student ids (one per line, or a CSV with an 'id' column)")
     p.add_argument("--pattern", help="regular expression with a (?P<student>...) group for LMS file names")
     p.add_argument("--dry-run", action="store_true", help="report what would be imported; write nothing")
+    p.add_argument("--time-from", choices=("none", "name", "zip", "files", "collect"), default="none",
+                   help="where each submission's time comes from (never the student's own timestamp.txt): the "
+                        "LMS's file name (a (?P<time>...) group in --pattern, or Blackboard's <id>_attempt_<date>), "
+                        "the download's zip entries, the files' change times in a folder the exchange wrote, or "
+                        "now; default none: lateness unknown")
+    p.add_argument("--timezone", help="the zone of times without one (zip entries, LMS names; default UTC)")
 
     p = sub.add_parser("autograde", help="autograde submissions in parallel")
     p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
@@ -184,18 +191,21 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
     from .collect import collect
     roster = _read_roster(args.roster) if args.roster else None
     result = collect(course, args.source, args.assignment, roster=roster, pattern=args.pattern,
-                     dry_run=args.dry_run)
+                     dry_run=args.dry_run, time_from=args.time_from, timezone=args.timezone)
     verb = "would import" if args.dry_run else "imported"
     for student, notebooks in sorted(result.imported.items()):
-        notes = "".join(f"\n    note: {n['message']}" for n in result.notes.get(student, []))
-        print(f"  {student}: {', '.join(notebooks)}{notes}")
+        when = result.times.get(student, {}).get("time")
+        notes = "".join(f"\n    note: {shown(n['message'], 400)}" for n in result.notes.get(student, []))
+        print(f"  {student}: {', '.join(notebooks)}" + (f" (handed in {when} UTC)" if when else "") + notes)
     for line in result.ignored:
-        print(f"  ignored {line}")
+        print(f"  ignored {shown(line, 400)}")
+    for student, why in sorted(result.rejected.items()):
+        print(f"  REJECTED {student}: {shown(why, 400)}", file=sys.stderr)
     for line in result.errors:
-        print(f"  ERROR {line}", file=sys.stderr)
-    print(f"{verb} {len(result.imported)} students; {len(result.ignored)} files ignored; "
-          f"{len(result.errors)} errors")
-    return 1 if result.errors else 0
+        print(f"  ERROR {shown(line, 400)}", file=sys.stderr)
+    print(f"{verb} {len(result.imported)} students; {len(result.rejected)} rejected; {len(result.ignored)} files "
+          f"ignored; {len(result.errors)} errors")
+    return 1 if result.errors or result.rejected else 0
 
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
@@ -248,6 +258,13 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
         flagged = sum(1 for r in reports for n in r["notebooks"].values() if n["problems"])
         print(f"{assignment}: graded {len(reports)} students ({failed} notebooks could not be graded, "
               f"{flagged} with problems; see `workbook status`)")
+        for report in reports:
+            for record in report["notebooks"].values():
+                for p in record.get("problems", []):
+                    if p["kind"] == "rejected":
+                        print(f"  REJECTED {report['student']} {record['notebook']}: {shown(p['message'], 400)}")
+        for why in course.refused_folders(assignment):
+            print(f"  NOT GRADED {shown(why, 400)}")
     return 0
 
 

@@ -206,12 +206,30 @@ class Course:
         """Assignments that have at least one submission folder."""
         if not self.submitted_dir.is_dir():
             return []
-        found = {p.name for student in self.submitted_dir.iterdir() if student.is_dir()
+        found = {p.name for student in self.submitted_dir.iterdir() if student.is_dir() and not student.is_symlink()
                  for p in student.iterdir() if p.is_dir()}
         return sorted(found)
 
     def submitted_students(self, assignment: str) -> list[str]:
+        """Students with a submission folder of ``assignment``, whose folder name is a
+        student id (:func:`autograder.intake.student_id`; see :meth:`refused_folders`)."""
+        return sorted(name for name, why in self._submission_folders(assignment) if not why)
+
+    def refused_folders(self, assignment: str) -> list[str]:
+        """Why each submission folder of ``assignment`` whose name is no student id is left
+        alone (put there by hand, not by ``workbook collect``), its name escaped."""
+        return [why for _, why in self._submission_folders(assignment) if why]
+
+    def _submission_folders(self, assignment: str) -> list[tuple[str, str]]:
+        from .intake import Refused, student_id
         if not self.submitted_dir.is_dir():
             return []
-        return sorted(s.name for s in self.submitted_dir.iterdir()
-                      if (s / assignment).is_dir())
+        found = []
+        for folder in self.submitted_dir.iterdir():
+            if folder.is_symlink() or not (folder / assignment).is_dir() or (folder / assignment).is_symlink():
+                continue
+            try:
+                found.append((student_id(folder.name), ""))
+            except Refused as exc:
+                found.append((folder.name, f"grading/submitted/: {exc}; not graded"))
+        return sorted(found)

@@ -42,8 +42,40 @@ def _jupyter_server_extension_points() -> list[dict]:
     return [{"module": "autograder.formgrader"}]
 
 
+# a submission's page, and the files beside it that nbgrader would serve from the autograded folder
+SUBMISSION_PAGE = r"/formgrader/submissions/(?!components/)([^/]+)/?"
+SUBMISSION_FILE = r"/formgrader/submissions/(?!components/)([^/]+)/(.*\.[^/]*)"
+
+
+def _safe_handlers() -> list[tuple[str, type]]:
+    """Formgrader's submission page rendered by :class:`autograder.outbound.SafeHTMLExporter`
+    (the student's markdown and outputs through the sanitiser: the page runs in the
+    instructor's Jupyter session), and nothing served from a submission's folder."""
+    from nbgrader.server_extensions.formgrader.handlers import SubmissionHandler
+    from tornado import web
+
+    from .outbound import SafeHTMLExporter
+
+    class SafeSubmission(SubmissionHandler):
+        @property
+        def exporter(self):  # noqa: ANN201
+            safe = self.settings.get("workbook_safe_exporter")
+            if safe is None:
+                safe = SafeHTMLExporter(config=self.settings["nbgrader_exporter"].config)
+                self.settings["workbook_safe_exporter"] = safe
+            return safe
+
+    class NoSubmissionFiles(SubmissionHandler):
+        @web.authenticated
+        def get(self, *args: str) -> None:
+            raise web.HTTPError(404, "the workbook's Formgrader serves no files of a submission")
+
+    return [(SUBMISSION_PAGE, SafeSubmission), (SUBMISSION_FILE, NoSubmissionFiles)]
+
+
 def _load_jupyter_server_extension(serverapp) -> None:
-    """Put the refusals in front of every other route (Formgrader's included)."""
+    """Put the refusals and the safe submission page in front of every other route
+    (Formgrader's included)."""
     from jupyter_server.base.handlers import JupyterHandler
     from jupyter_server.utils import url_path_join
     from tornado import web
@@ -57,7 +89,9 @@ def _load_jupyter_server_extension(serverapp) -> None:
         return Refuse
 
     app = serverapp.web_app
-    handlers = [(url_path_join(app.settings["base_url"], route), refusal(message)) for route, message in REFUSED.items()]
+    base = app.settings["base_url"]
+    handlers = [(url_path_join(base, route), refusal(message)) for route, message in REFUSED.items()]
+    handlers += [(url_path_join(base, route), handler) for route, handler in _safe_handlers()]
     app.default_router.rules.insert(0, Rule(HostMatches(".*$"), web._ApplicationRouter(app, handlers)))
 
 

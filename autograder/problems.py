@@ -20,7 +20,9 @@ class Problem(TypedDict):
 
 
 KINDS: dict[str, str] = {
-    # the submitted file (collect, autograde)
+    # the submitted file (collect, autograde: autograder/intake.py)
+    "rejected": "the submission broke a rule of what may be handed in (a size, an archive, a name); it scores 0",
+    "timestamp_claim": "the submission's own timestamp.txt was unreadable or disagreed with the trusted time",
     "missing": "no notebook was handed in",
     "symlink": "a symbolic link was handed in instead of a file; it was not read",
     "invalid_json": "the notebook is not valid JSON (truncated or damaged)",
@@ -52,7 +54,7 @@ KINDS: dict[str, str] = {
 }
 
 # problems for the instructor to look at, not reasons a notebook lost points
-FLAGS = frozenset({"copied_reference", "reference_used"})
+FLAGS = frozenset({"copied_reference", "reference_used", "timestamp_claim"})
 
 
 def problem(kind: str, message: str, cell: str = "") -> Problem:

@@ -43,6 +43,7 @@ from course_lib.grading.wire import Limits as WireLimits
 from course_lib.grading.wire import decode
 
 from .cells import is_test_cell, nbgrader_meta
+from .outbound import clean_markdown, clean_output, clean_text
 from .problems import problem
 from . import sandbox
 from .channel import FrameReader, ProtocolError
@@ -58,98 +59,11 @@ MAX_FILES_MB = 100
 MAX_FRAME = 64 * 2**20  # one message from the sandbox
 MAX_ANSWERS = 256 * 2**20  # all the answers of one item
 STRICT = WireLimits(max_bytes=MAX_FRAME, max_header=4 * 2**20, max_nodes=200_000)  # what the sandbox may send
-_OUTPUT_TYPES = {"stream", "display_data", "execute_result", "error"}
-_SAFE_MIME = {"text/plain", "image/png", "image/jpeg"}
 
 
 def _where(index: int, cell: dict) -> str:
     gid = nbgrader_meta(cell).get("grade_id", "")
     return f"cell {index}" + (f" ({gid})" if gid else "")
-
-
-# ---------------------------------------------------------------------------
-# Outputs: only safe types, capped
-# ---------------------------------------------------------------------------
-
-def clean_output(output: Any) -> dict | None:
-    """The output as nbformat would store it, restricted to safe types (text, PNG and
-    JPEG images, errors); None if nothing is left."""
-    if not isinstance(output, dict) or output.get("output_type") not in _OUTPUT_TYPES:
-        return None
-    kind = output["output_type"]
-    if kind == "stream":
-        name, text = output.get("name"), output.get("text")
-        if name not in ("stdout", "stderr") or not isinstance(text, str):
-            return None
-        return {"output_type": "stream", "name": name, "text": text}
-    if kind == "error":
-        tb = output.get("traceback")
-        return {"output_type": "error", "ename": str(output.get("ename", "Error"))[:200],
-                "evalue": str(output.get("evalue", ""))[:4000],
-                "traceback": [str(t)[:4000] for t in tb[:200]] if isinstance(tb, list) else []}
-    data = output.get("data")
-    if not isinstance(data, dict):
-        return None
-    kept = {k: v for k, v in data.items() if k in _SAFE_MIME and isinstance(v, str)}
-    if not kept and isinstance(data.get("application/vnd.jupyter.widget-view+json"), dict):
-        kept = {"text/plain": "(an interactive widget: open the notebook in JupyterLab to use it)"}
-    if not kept:
-        return None
-    for mime in ("image/png", "image/jpeg"):
-        if mime in kept and (len(kept[mime]) > 4_000_000 or not _is_base64(kept[mime])):
-            del kept[mime]
-    if not kept:
-        return None
-    clean = {"output_type": kind, "data": kept, "metadata": {}}
-    if kind == "execute_result":
-        count = output.get("execution_count")
-        clean["execution_count"] = count if isinstance(count, int) and not isinstance(count, bool) else None
-    return clean
-
-
-_CODE_SPAN = re.compile(r"(```.*?```|~~~.*?~~~|`[^`]*`)", re.S)
-_SCHEME = re.compile(r"(javascript|vbscript|data|file)\s*:", re.I)
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
-
-
-_MARKDOWN_TAGS = {"p", "code", "pre", "em", "strong", "a", "ul", "ol", "li", "blockquote", "hr", "br", "img", "del",
-                  "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"}
-_TAG = re.compile(r"<\s*/?\s*([A-Za-z][\w:-]*)([^>]*)>")
-_SAFE_ATTRIBUTES = re.compile(r'^(\s+(href|src|alt|title|class|align|start)="[^"<>]*")*\s*/?$')
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def clean_markdown(text: str) -> str:
-    """A student's markdown made inert for the feedback page and the formgrader: HTML
-    outside code is escaped (shown as text), script-like link schemes are disabled.
-
-    Code spans keep their text (`<bos>` stays readable) only if nbconvert's renderer (the
-    one Formgrader and the feedback use) then makes nothing but markdown's own elements:
-    escaped backticks or backticks in a link can make a guess at the spans wrong, and
-    then everything is escaped."""
-    parts = _CODE_SPAN.split(text)
-    for i in range(0, len(parts), 2):  # the even parts are outside code
-        parts[i] = _SCHEME.sub(r"\1-blocked:", _escape(parts[i]))
-    cleaned = _CONTROL.sub("", "".join(parts))
-    from nbconvert.filters.markdown import markdown2html
-    for name, attributes in _TAG.findall(markdown2html(cleaned)):
-        if name.lower() not in _MARKDOWN_TAGS or not _SAFE_ATTRIBUTES.match(attributes) \
-                or _SCHEME.search(attributes):
-            return _CONTROL.sub("", _SCHEME.sub(r"\1-blocked:", _escape(text)))
-    return cleaned
-
-
-def clean_text(text: str) -> str:
-    """A message from the student's side, safe to print on the instructor's terminal."""
-    return _CONTROL.sub("", str(text))
-
-
-def _is_base64(text: str) -> bool:
-    import re
-    return re.fullmatch(r"[A-Za-z0-9+/=\s]*", text) is not None
 
 
 def _size(output: dict) -> int:

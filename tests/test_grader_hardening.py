@@ -9,13 +9,12 @@ import nbformat
 import pytest
 import torch
 
-from autograder import untrusted
+from autograder import intake
 from autograder.autograde import _extra_files, item_salt, read_submission
-from autograder.collect import _grade_ids, _is_notebook_json
 from autograder.copies import find_copies, forbidden_uses
 from autograder.oracle import Oracle
 from autograder.stubs import reference_targets
-from autograder.supervisor import clean_markdown, clean_output, clean_text
+from autograder.outbound import clean_markdown, clean_output, clean_text
 from course_lib.grading import get_spec
 from course_lib.grading.calls import realise
 from course_lib.grading.compare import describe_difference
@@ -66,25 +65,27 @@ def _nested(levels: int) -> str:
     return "[" * levels + "]" * levels
 
 
-def test_a_deeply_nested_notebook_is_a_bad_file_not_a_crash(tmp_path):
+def test_a_deeply_nested_notebook_is_rejected_before_it_is_parsed(tmp_path):
     # json.loads raises RecursionError (not ValueError) a thousand levels down: unguarded,
-    # 400 kB in one student's file stopped collect and autograde for the whole class
+    # 400 kB in one student's file stopped collect and autograde for the whole class. The
+    # depth is now measured on the bytes, before anything parses them.
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1", metadata={"deep": "DEEP"})])
     text = nbformat.writes(nb).replace('"DEEP"', _nested(200_000))
     path = tmp_path / "s1" / "03" / "03.ipynb"
     path.parent.mkdir(parents=True)
     path.write_text(text)
     got, problems = read_submission(path)
-    assert got is None and [p["kind"] for p in problems] == ["invalid_json"]
-    assert "nested more than 100 levels deep" in problems[0]["message"]
-    assert _grade_ids(text.encode()) == set() and _is_notebook_json(text.encode()) is False
-    # the limit sits far above any real notebook, and counts exactly
-    assert untrusted.depth(nbformat.reads(nbformat.writes(nb), as_version=4)) < 10
-    assert untrusted.depth([]) == 1 and untrusted.depth({"a": [1, {"b": []}]}) == 4 and untrusted.depth(7) == 0
-    assert untrusted.depth(untrusted.loads(_nested(untrusted.MAX_JSON_DEPTH))) == untrusted.MAX_JSON_DEPTH
-    for levels in (untrusted.MAX_JSON_DEPTH + 1, 5_000):
-        with pytest.raises(ValueError, match="levels deep"):
-            untrusted.loads(_nested(levels))
+    assert got is None and [p["kind"] for p in problems] == ["rejected"]
+    assert "its JSON is nested 200,004 levels deep, over the limit of 64" in problems[0]["message"] or \
+        "levels deep, over the limit of 64" in problems[0]["message"]
+    # the limit sits far above any real notebook, and counts exactly (brackets in strings count for nothing)
+    assert intake.scan_json(nbformat.writes(nb).encode())["depth"] < 10
+    assert intake.scan_json(_nested(64).encode())["depth"] == 64
+    assert intake.scan_json(b'{"a": "[[[[[[[[\\"[[[[[", "b": [1, [2]]}')["depth"] == 3
+    for levels in (65, 5_000):
+        with pytest.raises(intake.Refused, match="levels deep"):
+            intake.scan_json(_nested(levels).encode())
+
 
 def test_student_markdown_and_messages_are_made_inert():
     md = clean_markdown("<script>alert(1)</script> [x](javascript:alert(1)) `<bos>` <img src=x onerror=y>")
@@ -163,12 +164,13 @@ def test_a_process_trees_memory_is_counted_once_per_page():
 
 
 def test_a_students_tex_cannot_put_markup_into_the_feedback_page():
-    """Written answers' formulas become MathML in the feedback; TeX that would carry a link,
-    a handler or raw markup is shown as code instead."""
-    from autograder.feedback import tex_to_mathml
+    """Written answers' formulas become MathML in the feedback, through the sanitiser:
+    TeX that would carry a link, a handler or raw markup keeps none of it."""
+    from autograder.outbound import tex_to_mathml
 
     for tex in (r"\href{javascript:alert(1)}{x}", r"\text{<img src=x onerror=alert(1)>}", r"\text{<b>bold</b>}"):
-        assert tex_to_mathml(tex, False).startswith("<code>"), tex
+        out = tex_to_mathml(tex, False)
+        assert "javascript" not in out and "onerror" not in out and "src=" not in out, out  # (<b> is allowed markup)
     assert tex_to_mathml(r"\sqrt{d_k}", False).startswith("<math")
     assert tex_to_mathml("<script>alert(1)</script>", False).count("<script") == 0
 

@@ -18,7 +18,10 @@ import socket
 import subprocess
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
+
+import nbformat
 
 import pytest
 
@@ -47,14 +50,22 @@ def late_class():
             if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("solution"):
                 c.source = ("The dot product of $d_k$ unit-variance terms has variance $d_k$, so $\\sqrt{d_k}$ rescales it. "
                             + HOSTILE_MARKUP)
-        for student, stamp, nb in (("early", "2026-11-21 09:00:00.000000 UTC", answered),
-                                   ("late", "2026-11-22 12:30:00.000000 UTC", correct)):
-            course.submit(student, A, nb, register=False)
-            (course.root / "grading" / "submitted" / student / A / "timestamp.txt").write_text(stamp)
+        # a Blackboard download: the LMS writes each submission's time into the file's name, after
+        # the student's id; the student's own timestamp.txt (in "late"'s zip) claims an earlier time
+        lms = course.root / "download"
+        lms.mkdir()
+        nbformat.write(answered, str(lms / f"Week 3_early_attempt_2026-11-21-09-00-00_{A}.ipynb"))
+        with zipfile.ZipFile(lms / "Week 3_late_attempt_2026-11-22-12-30-00_work.zip", "w") as z:
+            z.writestr(f"{A}.ipynb", nbformat.writes(correct))
+            z.writestr("timestamp.txt", "2026-11-20 08:00:00.000000 UTC")
+        nbformat.write(correct, str(lms / f"Week 3_unknown_{A}.ipynb"))  # no time in the name
+        (course.root / "roster.txt").write_text("id\nearly\nlate\nunknown\n")
+        collected = course.workbook("collect", str(lms), "-a", A, "--roster", str(course.root / "roster.txt"),
+                                    "--time-from", "name").stdout
         due = course.workbook("due", A, "2026-11-21 10:00 UTC").stdout
         course.workbook("autograde", A, "-j", "2", "--quiet")
         course.workbook("feedback", A)
-        yield {"course": course, "due": due}
+        yield {"course": course, "due": due, "collected": collected}
     finally:
         course.close()
 
@@ -62,6 +73,26 @@ def late_class():
 def test_due_date_is_recorded_and_shown(late_class):
     assert late_class["due"].strip() == f"{A}: due 2026-11-21 10:00 UTC"
     assert late_class["course"].workbook("due").stdout.strip() == f"{A}: due 2026-11-21 10:00 UTC"
+
+
+def test_the_time_comes_from_the_lms_never_from_the_student(late_class):
+    collected = late_class["collected"]
+    assert "early: 03_self_attention (handed in 2026-11-21 09:00:00 UTC)" in collected
+    assert "late: 03_self_attention (handed in 2026-11-22 12:30:00 UTC)" in collected
+    assert ("timestamp.txt says 2026-11-20 08:00:00 UTC, the LMS's file name says 2026-11-22 12:30:00 UTC; "
+            "the latter was used") in collected
+    assert "unknown: 03_self_attention\n" in collected + "\n"
+
+
+def test_lateness_unknown_is_said_in_status_and_feedback(late_class):
+    course = late_class["course"]
+    status = course.workbook("status").stdout
+    unknown = next(line for line in status.splitlines() if line.startswith("unknown "))
+    assert "13/19 LATE?" in unknown
+    assert "LATE?: the assignment has a due date, but when this was handed in is not known" in status
+    course.workbook("feedback", A, "-s", "unknown")
+    page = html.unescape(_page(course, "unknown"))
+    assert "When this was handed in is not known" in page
 
 
 def test_export_shows_lateness_and_the_penalty(late_class):
@@ -88,6 +119,10 @@ def test_feedback_shows_the_penalty(late_class):
     course = late_class["course"]
     page = html.unescape((course.root / "grading" / "feedback" / "late" / A / f"{A}.html").read_text())
     assert "Late submission penalty (Score: -13.0)" in page
+    # the banner on top gives the score after the penalty, and says why
+    assert "Autograding: 03_self_attention — 0 / 19 points" in page
+    assert ("Handed in 1 d 2 h after the due date (2026-11-21 10:00 UTC): 13 points were taken off (late-submission "
+            "penalty); the score above is after it.") in page
     early = html.unescape((course.root / "grading" / "feedback" / "early" / A / f"{A}.html").read_text())
     assert "Late submission penalty" not in early
 
@@ -202,9 +237,10 @@ def test_written_answers_are_graded_in_formgrader(late_class, formgrader):
     the autograded notebook alone."""
     course = late_class["course"]
     submissions = {s["student"]: s for s in formgrader("GET", f"/formgrader/api/submitted_notebooks/{A}/{A}")}
-    assert set(submissions) == {"early", "late"} and submissions["early"]["needs_manual_grade"]
+    assert set(submissions) == {"early", "late", "unknown"} and submissions["early"]["needs_manual_grade"]
     page = formgrader("GET", f"/formgrader/submissions/{submissions['early']['id']}/")
-    assert "so $\\sqrt{d_k}$ rescales it" in html.unescape(page)  # the student's answer, to be graded
+    # the student's answer, to be graded, its formulas as MathML (offline: Formgrader's MathJax is not fetched)
+    assert re.search(r"so <math[^>]*><mrow><msqrt>.*?</msqrt></mrow></math> rescales it", page)
     assert HOSTILE_MARKUP not in page and HOSTILE_MARKUP in html.unescape(page)  # shown as text, never run
     grades = formgrader("GET", f"/formgrader/api/grades?submission_id={submissions['early']['id']}")
     written = [g for g in grades if g["cell_type"] == "markdown"]

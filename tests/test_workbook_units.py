@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 import nbformat
@@ -61,14 +62,15 @@ def test_collect_lms_folder_with_roster(course, tmp_path):
     assert "renamed" in json.dumps(result.notes["s2"]) and "my work (1).ipynb" in result.notes["s2"][0]["message"]
     assert (course.submission_dir("s3", A) / "data.txt").read_text() == "x"
     assert any("__MACOSX" in line for line in result.ignored)
-    errors = "\n".join(result.errors)
-    assert "Nobody_s9" in errors and "unrecognised student id" in errors
-    assert "s4_essay.ipynb: unrecognised notebook name" in errors
-    assert "s5_copy.ipynb" in errors and "neither was imported" in errors
-    assert not course.submission_dir("s5", A).exists()
-    assert len(result.errors) == 3
+    assert result.errors == [f"'Nobody_s9_{A}.ipynb': unrecognised student id (no part of the name is on the roster)"]
+    # a student whose files cannot be taken as they are is rejected with the reason, never silently left out
+    assert "'s4_essay.ipynb': unrecognised notebook name" in result.rejected["s4"]
+    assert "is a second copy of 03_self_attention.ipynb" in result.rejected["s5"]
+    assert sorted(result.rejected) == ["s4", "s5"]
+    assert list(course.submission_dir("s5", A).iterdir()) == []  # recorded as rejected: 0 with the reason
     log = json.loads(course.collect_log_path(A).read_text())
     assert log["notes"]["s1"] == [] and log["notes"]["s2"][0]["kind"] == "renamed"
+    assert log["rejected"] == result.rejected
 
 
 def test_collect_nbgrader_layout_and_pattern(course, tmp_path):
@@ -78,7 +80,20 @@ def test_collect_nbgrader_layout_and_pattern(course, tmp_path):
     (src / "alice" / A / "timestamp.txt").write_text("2026-01-01 10:00:00")
     result = collect(course, src, roster=set())
     assert result.ok and result.imported == {"alice": [A]}
-    assert (course.submission_dir("alice", A) / "timestamp.txt").exists()
+    # the student wrote that timestamp.txt: it is recorded as a claim, never believed
+    assert result.times["alice"] == {"time": None, "source": "none", "claimed": "2026-01-01 10:00:00"}
+    assert not (course.submission_dir("alice", A) / "timestamp.txt").exists()
+    # the exchange's files were written when the student submitted: their change time is a time
+    # the student cannot set back, and the claim that disagrees with it is flagged
+    result = collect(course, src, roster=set(), time_from="files")
+    ctime = max(os.lstat(p).st_ctime for p in (src / "alice" / A).iterdir())
+    assert result.times["alice"]["source"] == "files"
+    assert abs(datetime.fromisoformat(result.times["alice"]["time"]).replace(tzinfo=timezone.utc).timestamp()
+               - ctime) < 1
+    assert [n["kind"] for n in result.notes["alice"]] == ["timestamp_claim"]
+    assert "timestamp.txt says 2026-01-01 10:00:00 UTC, the file system says" in result.notes["alice"][0]["message"]
+    written = (course.submission_dir("alice", A) / "timestamp.txt").read_text()
+    assert written == f"{result.times['alice']['time']} UTC"
     # an LMS zip without a roster: the id comes from --pattern
     download = tmp_path / "download.zip"
     with zipfile.ZipFile(download, "w") as z:
@@ -86,7 +101,7 @@ def test_collect_nbgrader_layout_and_pattern(course, tmp_path):
         z.writestr("notes.pdf", b"%PDF")
     result = collect(course, download, A, roster=set(), pattern=r"_(?P<student>\d+)_\d+_")
     assert list(result.imported) == ["12345"]
-    assert result.errors == ["notes.pdf: unrecognised file name (no student id matches the pattern "
+    assert result.errors == ["'notes.pdf': unrecognised file name (no student id matches the pattern "
                              "'_(?P<student>\\\\d+)_\\\\d+_'; use --pattern or --roster)"]
 
 
@@ -97,18 +112,19 @@ def test_collect_rejects_unknown_assignment(course, tmp_path):
         collect(course, tmp_path / "x", "nope", roster=set())
 
 
-def test_collect_again_after_grading_takes_new_students(course, tmp_path):
-    """The gradebook's students (there after a first collect and autograde) help find ids
-    but never turn a new student away."""
+def test_without_a_roster_the_pattern_names_the_student_never_the_gradebook(course, tmp_path):
+    """The gradebook's students never decide an id: a new student who names an upload after a
+    known one (the LMS prefixes the file with the uploader's id) stays themself."""
     with course.gradebook() as gb:
         gb.update_or_create_student("s1")
     lms = tmp_path / "lms"
     lms.mkdir()
-    (lms / f"Smith_s1_{A}.ipynb").write_bytes(released(course))  # known: found by the gradebook
-    (lms / f"newcomer_{A}.ipynb").write_bytes(released(course))  # new: found by the default pattern
+    (lms / f"mallory_s1_{A}.ipynb").write_bytes(released(course))  # uploaded by mallory as "s1_03_...ipynb"
+    (lms / f"newcomer_{A}.ipynb").write_bytes(released(course))
     result = collect(course, lms, A)
     assert result.ok, result.errors
-    assert sorted(result.imported) == ["newcomer", "s1"]
+    assert sorted(result.imported) == ["mallory", "newcomer"]
+    assert not course.submission_dir("s1", A).exists()
     folders = tmp_path / "folders"
     (folders / "latecomer").mkdir(parents=True)
     (folders / "latecomer" / f"{A}.ipynb").write_bytes(released(course))
@@ -123,7 +139,7 @@ def test_collect_student_folders_with_a_roster(course, tmp_path):
         (src / student / f"{A}.ipynb").write_bytes(released(course))
     result = collect(course, src, A, roster={"alice", "bob"})
     assert result.imported == {"alice": [A]}
-    assert result.errors == [f"mallory/{A}.ipynb: unrecognised student id (no part of the name is on the roster)"]
+    assert result.errors == [f"'mallory/{A}.ipynb': unrecognised student id (no part of the name is on the roster)"]
 
 
 def test_a_one_column_roster_has_no_header_student(tmp_path):
