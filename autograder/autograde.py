@@ -168,6 +168,27 @@ def _structural_problems(nb: NotebookNode, gb: Gradebook, notebook: str, assignm
     return problems
 
 
+def foreign_cells(nb: NotebookNode, gb: Gradebook, notebook: str, assignment: str) -> list[dict]:
+    """Cells whose nbgrader metadata names no cell of the assignment (or is not a dict)
+    become ordinary cells: nbgrader would otherwise refuse the whole notebook over one
+    stray (or forged) id. One problem for each."""
+    from .intake import shown
+    known = set(_source_cells(gb, notebook, assignment)) | \
+        {c.name for c in gb.find_notebook(notebook, assignment).grade_cells}
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if meta is None:
+            continue
+        gid = meta.get("grade_id") if isinstance(meta, dict) else None
+        if isinstance(gid, str) and gid in known:
+            continue
+        del cell["metadata"]["nbgrader"]
+        problems.append(problem("foreign_cell", f"cell {index} claims the graded id '{shown(gid, 80)}', which "
+                                                "this assignment does not have: it was graded as an ordinary cell"))
+    return problems
+
+
 def sanitize(nb: NotebookNode, course: Course, resources: dict) -> tuple[NotebookNode, list[dict]]:
     """nbgrader's sanitizing steps: clear outputs, de-duplicate ids, reset the
     kernelspec, overwrite locked and test cells from the gradebook (putting back
@@ -475,6 +496,7 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                 resources = {"nbgrader": {"notebook": notebook, "assignment": assignment, "student": student,
                                           "db_url": course.db_url}}
                 try:
+                    problems.extend(foreign_cells(nb, gb, notebook, assignment))
                     problems.extend(_structural_problems(nb, gb, notebook, assignment, checksums[notebook]))
                     nb, more = sanitize(nb, course, resources)
                     problems.extend(more)

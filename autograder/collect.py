@@ -137,7 +137,7 @@ def _folder_entries(source: Path, limits: IntakeLimits) -> Iterator[_Entry]:
             rel = os.path.relpath(full, source).replace(os.sep, "/")
             why = ""
             try:
-                path = intake.member_path(rel, limits)
+                path = intake.member_path(rel, limits, archive=False)
             except Refused as exc:
                 path, why = None, str(exc)
             try:
@@ -199,8 +199,9 @@ class _Matcher:
                 raise Refused(f"'{shown(name)}': the name holds several students' ids ({', '.join(found)}); "
                               "not imported: an LMS names each file after one student")
             raise Refused(f"'{shown(name)}': unrecognised student id (no part of the name is on the roster)")
-        base = name.rsplit("/", 1)[-1]
-        m = self.pattern.search(base) or self.pattern.search(name)
+        # the name from its start: the LMS writes the first part (the id); a file in a folder is
+        # named by the student, who must not be able to name it after someone else
+        m = self.pattern.search(name)
         if not m or not m.group("student"):
             raise Refused(f"'{shown(name)}': unrecognised file name (no student id matches the pattern "
                           f"{self.pattern.pattern!r}; use --pattern or --roster)")
@@ -209,11 +210,10 @@ class _Matcher:
     def time_in_name(self, name: str, student: str) -> str | None:
         """The time the LMS wrote into the file's name: the pattern's ``time`` group, or
         Blackboard's ``<id>_attempt_<date>`` right after the id."""
-        base = name.rsplit("/", 1)[-1]
         if "time" in self.pattern.groupindex:
-            m = self.pattern.search(base)
+            m = self.pattern.search(name)
             return m.group("time") if m else None
-        m = re.search(re.escape(student) + _BLACKBOARD_TIME, base)
+        m = re.search(re.escape(student) + _BLACKBOARD_TIME, name)
         return m.group("time") if m else None
 
     def notebook(self, name: str, nb) -> tuple[str, str]:
@@ -439,8 +439,7 @@ def _collect(course: Course, entries: list[_Entry], known: set[str], assignment:
                 student = intake.student_id(raw, limits)
             else:
                 if entry.path is None:  # a name that breaks a rule: its student, if one can be told
-                    base = entry.name.replace("\\", "/").rsplit("/", 1)[-1]
-                    student = matcher.student(base)
+                    student = matcher.student(entry.name.replace("\\", "/"))
                     rel = PurePosixPath("unreadable-name")
                 else:
                     student = matcher.student(str(entry.path))

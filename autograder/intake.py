@@ -159,12 +159,15 @@ def student_id(raw: str, limits: IntakeLimits = IntakeLimits()) -> str:
 # Paths inside a submission
 # ---------------------------------------------------------------------------
 
-def member_path(name: str, limits: IntakeLimits = IntakeLimits()) -> PurePosixPath:
-    """The relative path of an archive member or of a file found in a folder, checked to
-    stay inside its student's folder; :class:`Refused` otherwise."""
+def member_path(name: str, limits: IntakeLimits = IntakeLimits(), archive: bool = True) -> PurePosixPath:
+    """The relative path of an archive member (``archive``: a backslash separates folders,
+    as some Windows archivers write it) or of a file found in a folder (a backslash is
+    refused), checked to stay inside its student's folder; :class:`Refused` otherwise."""
     if not isinstance(name, str) or not name.strip("/\\"):
         raise Refused(f"an empty file name '{shown(name)}'")
-    posix = name.replace("\\", "/")  # some Windows archivers separate folders so
+    if not archive and "\\" in name:
+        raise Refused(f"'{shown(name)}' has a backslash in a name")
+    posix = name.replace("\\", "/")
     if posix.startswith("/") or re.match(r"^[A-Za-z]:", posix):
         raise Refused(f"'{shown(name)}' is an absolute path")
     parts = [p for p in posix.split("/") if p not in ("", ".")]

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 import nh3
 
 __all__ = ["csv_cell", "write_csv", "sanitize", "markdown_html", "tex_to_mathml", "CSP", "CSP_META",
-           "with_csp", "SafeHTMLExporter", "ALLOWED_TAGS", "clean_output", "clean_markdown", "clean_text",
+           "with_csp", "SafeHTMLExporter", "ALLOWED_TAGS", "clean_output", "clean_markdown", "clean_text", "clean_attachments",
            "IMAGE_TYPES", "attachment_image"]
 
 # ---------------------------------------------------------------------------
@@ -220,6 +220,9 @@ class SafeHTMLExporter(_exporter_base()):
         import copy
         nb = copy.deepcopy(nb)
         for cell in nb.cells:
+            meta = cell.get("metadata", {}).get("nbgrader")
+            if isinstance(meta, dict) and not re.fullmatch(r"[A-Za-z0-9_\-]{1,100}", str(meta.get("grade_id", "x"))):
+                del cell["metadata"]["nbgrader"]  # templates put grade ids into attributes, unescaped
             if cell.get("cell_type") == "code":
                 cell["outputs"] = [o for o in map(clean_output, cell.get("outputs", [])) if o is not None]
             elif cell.get("cell_type") == "raw":
@@ -313,12 +316,30 @@ def clean_markdown(text: str) -> str:
     for i in range(0, len(parts), 2):  # the even parts are outside code
         parts[i] = _SCHEME.sub(r"\1-blocked:", _escape(parts[i]))
     cleaned = _CONTROL.sub("", "".join(parts))
-    from nbconvert.filters.markdown import markdown2html
-    for name, attributes in _TAG.findall(markdown2html(cleaned)):
+    from nbconvert.filters.markdown_mistune import MarkdownWithMath
+    try:  # (pasted images render as a note here: only the markup is being checked)
+        rendered = MarkdownWithMath(renderer=_renderer({})).render(cleaned)
+    except Exception:  # noqa: BLE001 - whatever the renderer makes of it, the text stays text
+        rendered = "<unreadable>"
+    for name, attributes in _TAG.findall(rendered):
         if name.lower() not in _MARKDOWN_TAGS or not _SAFE_ATTRIBUTES.match(attributes) \
                 or _SCHEME.search(attributes):
             return _CONTROL.sub("", _SCHEME.sub(r"\1-blocked:", _escape(text)))
     return cleaned
+
+
+def clean_attachments(attachments: Any, max_bytes: int = 4 * 2**20) -> dict:
+    """A markdown cell's pasted images as the autograded notebook keeps them: PNG, JPEG,
+    GIF and WebP only (no SVG: it can carry script), valid base64, ``max_bytes`` in all."""
+    kept, used = {}, 0
+    for name, attachment in (attachments.items() if isinstance(attachments, dict) else []):
+        src = attachment_image(attachment)
+        if not isinstance(name, str) or src is None or used + len(src) > max_bytes:
+            continue
+        mime, data = src[len("data:"):].split(";base64,", 1)
+        kept[name[:200]] = {mime: data}
+        used += len(src)
+    return kept
 
 
 def clean_text(text: str) -> str:

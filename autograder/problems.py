@@ -33,6 +33,7 @@ KINDS: dict[str, str] = {
     "edited_locked": "a locked cell was edited; the original was put back",
     "duplicate_cells": "a graded cell appears more than once; only the first counts",
     "deleted_cells": "a graded cell was deleted; the original was put back",
+    "foreign_cell": "a cell claimed a graded id the assignment does not have; it was graded as an ordinary cell",
     # running it (the sandbox)
     "error": "a cell raised an error",
     "cell_timeout": "a cell ran past the time limit of a cell",

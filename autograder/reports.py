@@ -154,7 +154,8 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
                     seconds = submitted.total_seconds_late
                     if seconds > 0:
                         cell += f" LATE {late_words(seconds).replace(' ', '')}" + (f" (-{taken:g})" if taken else "")
-                    elif submitted.timestamp is None and submitted.assignment.duedate is not None:
+                    elif submitted.timestamp is None and submitted.assignment.duedate is not None and not \
+                            any(p["kind"] == "rejected" for p in (record or {}).get("problems", [])):
                         cell += " LATE?"
                         unknown_time = True
                     awaiting = split_points(sub)[2]

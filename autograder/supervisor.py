@@ -43,7 +43,7 @@ from course_lib.grading.wire import Limits as WireLimits
 from course_lib.grading.wire import decode
 
 from .cells import is_test_cell, nbgrader_meta
-from .outbound import clean_markdown, clean_output, clean_text
+from .outbound import clean_attachments, clean_markdown, clean_output, clean_text
 from .problems import problem
 from . import sandbox
 from .channel import FrameReader, ProtocolError
@@ -173,9 +173,15 @@ class _Supervisor:
             source = "".join(cell.get("source", "")) if isinstance(cell.get("source"), list) else str(cell.get("source", ""))
             if is_test_cell(cell):
                 source = "# (checked by the grader)"  # hidden tests never enter the sandbox
-            cells.append({"cell_type": cell.get("cell_type"), "source": source,
-                          "metadata": {"nbgrader": {k: meta[k] for k in ("grade", "solution", "grade_id", "locked")
-                                                    if k in meta}}})
+            elif cell.get("cell_type") != "code":
+                source = ""  # the runner runs code cells only (a 3 MB written answer is no concern of its)
+            entry = {"cell_type": cell.get("cell_type"), "source": source,
+                     "metadata": {"nbgrader": {k: meta[k] for k in ("grade", "solution", "grade_id", "locked")
+                                               if k in meta}}}
+            if len(source) > 2**19:  # past the wire's cap on one string: as bytes
+                entry["source"] = ""
+                entry["source_bytes"] = torch.frombuffer(bytearray(source.encode("utf-8")), dtype=torch.uint8)
+            cells.append(entry)
         files = {}
         budget = MAX_FILES_MB * 2**20
         for rel, path in self.job.get("extra_files", []):
@@ -574,7 +580,9 @@ def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandb
         if cell.get("cell_type") in ("markdown", "raw"):
             source = cell.get("source", "")
             cell["source"] = clean_markdown("".join(source) if isinstance(source, list) else str(source))
-            cell.pop("attachments", None)
+            attachments = clean_attachments(cell.pop("attachments", None))  # pasted images: kept, if images
+            if attachments and cell.get("cell_type") == "markdown":
+                cell["attachments"] = attachments
             cell.get("metadata", {}).pop("format", None)
             cell.get("metadata", {}).pop("raw_mimetype", None)
         if cell.get("cell_type") != "code":

@@ -78,8 +78,9 @@ def test_collect_imports_everyone_and_names_every_bad_file(graded, capsys):
                "--roster", str(graded["base"] / "roster.csv"), "--dry-run"])
     err = capsys.readouterr().err
     assert rc == 1
-    assert "README.txt: unrecognised student id" in err
-    assert f"x99_{a}.ipynb: unrecognised student id" in err
+    assert "'README.txt': unrecognised student id" in err
+    assert f"'x99_{a}.ipynb': unrecognised student id" in err
+    assert "REJECTED s13: its JSON is nested" in err  # rejected alone, with the reason
 
 
 def test_scores_are_the_expected_ones(graded):
@@ -120,14 +121,16 @@ def test_every_bad_submission_is_reported_with_its_reason(graded):
                 assert want in kinds, (s.id, s.kind, problems)
         if s.kind in ("correct", "partial (zip)", "mistake"):
             assert not problems, (s.id, problems)
-        assert record["status"] == ("failed" if s.kind.startswith("invalid JSON") else "graded"), s.id
+        assert record["status"] == ("failed" if s.kind.startswith(("invalid JSON", "rejected")) else "graded"), s.id
     s09 = read_json(course.report_path(a, "s09"))["notebooks"][nb]["problems"]
     assert any("exit code 3" in p["message"] for p in s09)
     s12 = read_json(course.report_path(a, "s12"))["notebooks"][nb]["problems"]
     assert any("SIGSEGV" in p["message"] for p in s12)
-    # a notebook nested too deeply for json.loads fails alone (it used to stop collect and autograde)
+    # a notebook nested too deeply for json.loads is rejected alone, at collect (it used to stop
+    # collect and autograde for everyone): 0 points, with the reason
     s13 = read_json(course.report_path(a, "s13"))["notebooks"][nb]["problems"]
-    assert any("nested more than 100 levels deep" in p["message"] for p in s13), s13
+    assert [p["kind"] for p in s13] == ["rejected"], s13
+    assert "levels deep, over the limit of 64" in s13[0]["message"], s13
 
 
 def test_students_code_runs_outside_the_course_in_grading_mode(graded):
@@ -167,6 +170,8 @@ def test_feedback_shows_results_and_hints_but_no_hidden_tests(graded):
             assert html.escape(hint[:40]) in page or hint[:40] in page
         if s.kind.startswith("invalid JSON"):
             assert "could not be graded" in page and "not valid notebook JSON" in page
+        if s.kind.startswith("rejected"):
+            assert "could not be graded" in page and "rejected at collect" in page
         if s.kind == "infinite loop":
             assert "15 s limit" in page
 

@@ -186,7 +186,8 @@ class ClassBuilder:
         add("s06", "deleted, edited and duplicated cells", nb, self.full(),
             {"deleted_cells", "edited_locked", "duplicate_cells"})
         deep = text.replace('"cells": [', '"deep": ' + "[" * 100_000 + "]" * 100_000 + ', "cells": [', 1)
-        add("s13", "invalid JSON: nested 100,000 levels deep", deep.encode(), self.full(tuple(self.items)), {"invalid_json"})
+        add("s13", "rejected: JSON nested 100,000 levels deep", deep.encode(), self.full(tuple(self.items)),
+            {"rejected"})
 
         def hostile(sid, kind, prepend, problems, skip=(), dead_at=None):
             nb = self.filled(prepend=prepend)
