@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/notebook_times.py
 	$(BIN)/python benchmarks/attention_fast_path.py
 	$(BIN)/python benchmarks/explorer_update.py
+	PYTHONPATH=. $(BIN)/python benchmarks/intake_limits.py
 
 # Regenerate the student notebooks in notebooks/ from solutions/.
 release: $(STAMP)

@@ -84,26 +84,30 @@ class MarkAwaitingAnswers(NbGraderPreprocessor):
 class SafeOutputs(NbGraderPreprocessor):
     """What a person sees of a submission's cells stays within the page's budget: only
     outputs of safe types (text, PNG and JPEG images, errors; the autograded notebook
-    holds no others, this makes sure), a cell's source cut at 100 kB for display, and
-    outputs left out, with a note, once the page would pass ``budget_mb``."""
+    holds no others, this makes sure), a cell's source cut at 100 kB for display, and,
+    once the page would pass ``budget_mb``, sources cut and outputs left out, with a note.
+    Graded cells (the grader's reports, the student's answers) are always shown whole."""
 
     budget_mb = Float(5.0, help="the page's size budget in MB").tag(config=True)
 
     def preprocess(self, nb, resources):  # noqa: ANN001, ANN201
         self._left = int(self.budget_mb * 2**20)
-        self._dropped = 0
+        self._dropped = self._cut = 0
         nb, resources = super().preprocess(nb, resources)
-        if self._dropped:
+        if self._dropped or self._cut:
             resources.setdefault("workbook_page_notes", []).append(
-                f"{self._dropped} outputs were left out of this page: it would have been over "
-                f"{self.budget_mb:g} MB. Open the notebook in JupyterLab to see them.")
+                f"{self._dropped} outputs were left out of this page and {self._cut} cells shortened: it would have "
+                f"been over {self.budget_mb:g} MB. Open the notebook in JupyterLab to see all of it.")
         return nb, resources
 
     def preprocess_cell(self, cell, resources, index):  # noqa: ANN001, ANN201
+        graded = nbutils.is_grade(cell) or nbutils.is_solution(cell)
         source = cell.get("source", "")
         source = "".join(source) if isinstance(source, list) else str(source)
-        if len(source) > SOURCE_SHOWN:
-            source = source[:SOURCE_SHOWN] + f"\n… ({len(source) - SOURCE_SHOWN:,} more characters not shown)"
+        shown_chars = SOURCE_SHOWN if graded else max(0, min(SOURCE_SHOWN, self._left))
+        if len(source) > shown_chars:
+            source = source[:shown_chars] + f"\n… ({len(source) - shown_chars:,} more characters not shown)"
+            self._cut += 1
         cell["source"] = source
         self._left -= len(source)
         if cell.get("cell_type") == "markdown" and isinstance(cell.get("attachments"), dict):
@@ -117,7 +121,7 @@ class SafeOutputs(NbGraderPreprocessor):
             if clean is None:
                 continue
             size = len(json.dumps(clean))
-            if size > self._left:
+            if size > self._left and not graded:
                 self._dropped += 1
                 continue
             self._left -= size
