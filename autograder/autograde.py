@@ -122,6 +122,20 @@ def submission_time(collect_log: dict, student: str) -> dt.datetime | None:
     return intake.parse_time(text) if isinstance(text, str) else None
 
 
+def exchange_secret(folder: Path) -> str:
+    """The ``submission_secret.txt`` that nbgrader's exchange gave a submission (it names the
+    student's feedback file there), if it is the plain token nbgrader writes; else ""."""
+    import re
+    path = folder / "submission_secret.txt"
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 256:
+            return ""
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return text if re.fullmatch(r"[A-Za-z0-9-]{8,128}", text) else ""
+
+
 def _source_cells(gb: Gradebook, notebook: str, assignment: str) -> dict[str, Any]:
     return {c.name: c for c in gb.find_notebook(notebook, assignment).source_cells}
 
@@ -262,7 +276,7 @@ def _extra_files(folder: Path) -> tuple[list[tuple[str, str]], list[str]]:
         if p.is_symlink() or any(q.is_symlink() for q in p.parents if folder in q.parents):
             if p.suffix != ".ipynb":  # (a linked notebook is reported when it is read)
                 links.append(str(rel))
-        elif p.is_file() and p.suffix != ".ipynb" and p.name != "timestamp.txt":
+        elif p.is_file() and p.suffix != ".ipynb" and p.name not in ("timestamp.txt", "submission_secret.txt"):
             files.append((str(rel), str(p)))
     return files, links
 
@@ -584,6 +598,9 @@ def _write_result(course: Course, gb: Gradebook, task: _Task, result: dict | Non
         timestamp = gb.find_submission(a, s).timestamp  # the trusted time (collect), never the student's file
         if timestamp is not None:
             (target.parent / "timestamp.txt").write_text(f"{timestamp:%Y-%m-%d %H:%M:%S.%f} UTC", encoding="utf-8")
+        secret = exchange_secret(course.submission_dir(s, a))
+        if secret:  # names the student's feedback in nbgrader's exchange (release_feedback)
+            (target.parent / "submission_secret.txt").write_text(secret, encoding="utf-8")
         problems.extend(result["problems"])
         for cell in result["cells"]:
             if cell["error"] and not any(p.get("cell") == cell["grade_id"] and p["kind"] != "error"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import re
 import resource
 import shutil
 from pathlib import Path
@@ -272,10 +273,25 @@ def bounded(target, args: tuple, memory_mb: int = FEEDBACK_MEMORY_MB, seconds: f
     return message
 
 
+_TOC = {"Test cell": "Test of {}", "Written response": "Written answer {}", "Coding free-response": "Code {}"}
+_WRAP = ("<style>/* long report and hint lines wrap instead of scrolling */ div.output_area pre, div.output_text pre, "
+         ".workbook-grading-notes li { white-space: pre-wrap; overflow-wrap: anywhere; }</style>")
+
+
+def _readable(text: str) -> str:
+    """nbgrader's table of contents says "Test cell" for every test: name each item (grade ids
+    are checked to be plain names before a page is rendered), and wrap long lines."""
+    text = re.sub(r'<a href="#([A-Za-z0-9_-]+)">(Test cell|Written response|Coding free-response)</a>',
+                  lambda m: f'<a href="#{m.group(1)}">{_TOC[m.group(2)].format(m.group(1).removeprefix("test_"))}</a>',
+                  text)
+    return text.replace("</head>", _WRAP + "\n</head>", 1)
+
+
 def _finish_page(page: Path, budget_mb: float) -> None:
-    """The page with its Content-Security-Policy first in its head; a page still over
-    twice the budget (the template's own weight, huge sources) is replaced by a short one."""
-    text = page.read_text(encoding="utf-8")
+    """The page with its Content-Security-Policy first in its head, its table of contents
+    naming the items; a page still over twice the budget (the template's own weight, huge
+    sources) is replaced by a short one."""
+    text = _readable(page.read_text(encoding="utf-8"))
     if len(text) > 2 * budget_mb * 2**20:
         text = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{page.stem}</title></head><body>"
                 f"<p>This feedback page would have been {len(text) / 2**20:.0f} MB, over the limit of "

@@ -51,6 +51,7 @@ def _safe_handlers() -> list[tuple[str, type]]:
     """Formgrader's submission page rendered by :class:`autograder.outbound.SafeHTMLExporter`
     (the student's markdown and outputs through the sanitiser: the page runs in the
     instructor's Jupyter session), and nothing served from a submission's folder."""
+    from nbgrader.server_extensions.formgrader.apihandlers import BaseApiHandler
     from nbgrader.server_extensions.formgrader.handlers import SubmissionHandler
     from tornado import web
 
@@ -65,12 +66,42 @@ def _safe_handlers() -> list[tuple[str, type]]:
                 self.settings["workbook_safe_exporter"] = safe
             return safe
 
+    class ReleaseFeedback(BaseApiHandler):
+        """Formgrader's "release feedback": nbgrader's exchange release for every student who
+        handed in through the exchange (it names their page by the secret it gave them); the
+        others, collected from an LMS download, are named: their pages go back through the LMS."""
+
+        @web.authenticated
+        def post(self, assignment: str) -> None:
+            root = Path(self.coursedir.root) / self.coursedir.feedback_directory
+            released, lms, failed = [], [], []
+            for folder in sorted(root.glob(f"*/{assignment}")):
+                student = folder.parent.name
+                if not any(folder.glob("*.html")):
+                    continue
+                if not ((folder / "submission_secret.txt").is_file() and (folder / "timestamp.txt").is_file()):
+                    lms.append(student)
+                    continue
+                result = self.api.release_feedback(assignment, student)
+                (released if result.get("success") else failed).append(student)
+            words = [f"released the feedback of {len(released)} students to the exchange"]
+            if lms:
+                words.append(f"{len(lms)} handed in through an LMS download, not the exchange ({', '.join(lms[:10])}"
+                             f"{' …' if len(lms) > 10 else ''}): return their pages from grading/feedback/<student>/ "
+                             "through the LMS")
+            if failed:
+                words.append(f"the exchange refused {', '.join(failed)}: see the server's log")
+            message = "; ".join(words) + "."
+            self.finish(json.dumps({"success": bool(released) and not failed, "log": message,
+                                    **({} if released and not failed else {"error": message})}))
+
     class NoSubmissionFiles(SubmissionHandler):
         @web.authenticated
         def get(self, *args: str) -> None:
             raise web.HTTPError(404, "the workbook's Formgrader serves no files of a submission")
 
-    return [(SUBMISSION_PAGE, SafeSubmission), (SUBMISSION_FILE, NoSubmissionFiles)]
+    return [(SUBMISSION_PAGE, SafeSubmission), (SUBMISSION_FILE, NoSubmissionFiles),
+            (r"/formgrader/api/assignment/([^/]+)/release_feedback", ReleaseFeedback)]
 
 
 def _load_jupyter_server_extension(serverapp) -> None:

@@ -62,6 +62,14 @@ def late_class():
         (course.root / "roster.txt").write_text("id\nearly\nlate\nunknown\n")
         collected = course.workbook("collect", str(lms), "-a", A, "--roster", str(course.root / "roster.txt"),
                                     "--time-from", "name").stdout
+        # and one student through nbgrader's exchange (a hub): the files' change times are its time,
+        # its secret names its feedback in the exchange
+        hub = course.root / "exchange-inbound" / "hub" / A
+        hub.mkdir(parents=True)
+        nbformat.write(correct, str(hub / f"{A}.ipynb"))
+        (hub / "timestamp.txt").write_text("2026-11-01 00:00:00.000000 UTC")
+        (hub / "submission_secret.txt").write_text("0123456789abcdef0123456789abcdef")
+        course.workbook("collect", str(course.root / "exchange-inbound"), "--time-from", "files")
         due = course.workbook("due", A, "2026-11-21 10:00 UTC").stdout
         course.workbook("autograde", A, "-j", "2", "--quiet")
         course.workbook("feedback", A)
@@ -163,6 +171,15 @@ def test_feedback_page_starts_with_the_grading_notes(late_class):
     assert notes < page.index("not graded yet") and notes > page.index("<body")
 
 
+def test_feedback_contents_name_the_items_and_long_lines_wrap(late_class):
+    page = _page(late_class["course"], "early")
+    assert "Test cell" not in page and "Written response" not in page
+    for item in ("scaled_dot_product_attention", "causal_mask", "padding_mask", "SelfAttention"):
+        assert f'<a href="#test_{item}">Test of {item}</a>' in page
+    assert '<a href="#q_cost">Written answer q_cost</a>' in page
+    assert "white-space: pre-wrap; overflow-wrap: anywhere" in page
+
+
 def test_feedback_math_is_mathml_and_needs_no_network(late_class):
     page = _page(late_class["course"], "early")
     assert page.count("<math") > 20
@@ -210,6 +227,7 @@ def formgrader(late_class, tmp_path):
             text = response.read().decode()
         return json.loads(text) if path.startswith("/formgrader/api/") else text
 
+    call.port, call.token = port, token
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -230,6 +248,35 @@ def formgrader(late_class, tmp_path):
         log.close()
 
 
+def test_the_printed_formgrader_link_logs_the_browser_in_for_the_whole_server(late_class, formgrader):
+    """The link `workbook formgrader` prints carries the token: the cookie it sets must reach
+    Formgrader's API too (nbgrader's pages set it for their own folder only, and the page
+    then stays on "Loading")."""
+    import http.cookiejar
+    port, token = formgrader.port, formgrader.token
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with opener.open(f"http://127.0.0.1:{port}/formgrader/gradebook/{A}/{A}?token={token}", timeout=60) as page:
+        assert page.status == 200
+    assert {c.path for c in jar if c.name.startswith("username-")} == {"/"}
+    with opener.open(f"http://127.0.0.1:{port}/formgrader/api/assignments", timeout=60) as api:  # no token: the cookie
+        assert json.loads(api.read())[0]["name"] == A
+
+
+def test_formgraders_release_feedback_button_works(late_class, formgrader):
+    course = late_class["course"]
+    course.workbook("feedback", A)
+    released = formgrader("POST", f"/formgrader/api/assignment/{A}/release_feedback")
+    assert released["success"], released
+    assert released["log"] == ("released the feedback of 1 students to the exchange; 3 handed in through an LMS "
+                               "download, not the exchange (early, late, unknown): return their pages from "
+                               "grading/feedback/<student>/ through the LMS.")
+    exchange = course.root / "grading" / "exchange" / "attention-workbook" / "feedback"
+    from nbgrader.utils import notebook_hash
+    assert [p.name for p in exchange.glob("*.html")] == \
+        [notebook_hash(secret="0123456789abcdef0123456789abcdef", notebook_id=A) + ".html"]
+
+
 def test_written_answers_are_graded_in_formgrader(late_class, formgrader):
     """The manual-grading step: the written answers are graded in Formgrader (through its
     own HTTP API, as its page does), and status, export and feedback then count them.
@@ -237,7 +284,7 @@ def test_written_answers_are_graded_in_formgrader(late_class, formgrader):
     the autograded notebook alone."""
     course = late_class["course"]
     submissions = {s["student"]: s for s in formgrader("GET", f"/formgrader/api/submitted_notebooks/{A}/{A}")}
-    assert set(submissions) == {"early", "late", "unknown"} and submissions["early"]["needs_manual_grade"]
+    assert set(submissions) == {"early", "late", "unknown", "hub"} and submissions["early"]["needs_manual_grade"]
     page = formgrader("GET", f"/formgrader/submissions/{submissions['early']['id']}/")
     # the student's answer, to be graded, its formulas as MathML (offline: Formgrader's MathJax is not fetched)
     assert re.search(r"so <math[^>]*><mrow><msqrt>.*?</msqrt></mrow></math> rescales it", page)
