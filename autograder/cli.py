@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
     p.add_argument("-s", "--student", action="append", help="only this student (repeatable)")
     # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/settings.py)
-    p.add_argument("-j", "--workers", type=int, help="worker processes (default: one per core)")
+    p.add_argument("-j", "--workers", type=_positive, help="worker processes (default: one per core)")
     p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
     p.add_argument("--notebook-timeout", type=_positive, help="seconds per notebook (default 1800)")
     p.add_argument("--memory-mb", type=_memory,
@@ -237,7 +237,14 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
     from .reports import check_assignments
     check_assignments(course, args.assignments, released=True)
     for assignment in assignments:
+        unknown = [s for s in args.student or [] if s not in course.submitted_students(assignment)]
+        if unknown:
+            known = course.submitted_students(assignment)
+            raise CourseError(f"no submission of {assignment} for: {', '.join(map(shown, unknown))} (collected: "
+                              f"{', '.join(known[:8]) + (' …' if len(known) > 8 else '') if known else 'nobody'})")
+    for assignment in assignments:
         bar = None
+        counts = {"kept": 0, "graded": 0}
         if not args.quiet:
             from tqdm.auto import tqdm
             from .cluster import WorkerTally
@@ -246,18 +253,18 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
             bar = tqdm(total=total, desc=f"autograde {assignment}", unit="notebook")
             tally = WorkerTally()
 
-            def show(record: dict) -> None:
-                bar.update(1)
-                if record.get("worker"):  # graded on a cluster: done / failed / remaining per worker
-                    tally.add(record["worker"], record["status"] == "failed")
-                    bar.set_postfix_str(tally.line(bar.total - bar.n), refresh=True)
-        reports = autograde(course, assignment, options, progress=show if bar else None)
+        def show(record: dict) -> None:
+            counts["kept" if record.get("status") == "kept" else "graded"] += 1
+            if bar is None:
+                return
+            bar.update(1)
+            if record.get("worker"):  # graded on a cluster: done / failed / remaining per worker
+                tally.add(record["worker"], record["status"] == "failed")
+                bar.set_postfix_str(tally.line(bar.total - bar.n), refresh=True)
+        reports = autograde(course, assignment, options, progress=show)
         if bar:
             bar.close()
-        failed = sum(1 for r in reports for n in r["notebooks"].values() if n["status"] == "failed")
-        flagged = sum(1 for r in reports for n in r["notebooks"].values() if n["problems"])
-        print(f"{assignment}: graded {len(reports)} students ({failed} notebooks could not be graded, "
-              f"{flagged} with problems; see `workbook status`)")
+        print(f"{assignment}: {_graded_words(reports, counts)}")
         for report in reports:
             for record in report["notebooks"].values():
                 for p in record.get("problems", []):
@@ -266,6 +273,18 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
         for why in course.refused_folders(assignment):
             print(f"  NOT GRADED {shown(why, 400)}")
     return 0
+
+
+def _graded_words(reports: list[dict], counts: dict[str, int]) -> str:
+    """What a run of autograde did, in words: what it graded, what it kept from an earlier run."""
+    if not counts["graded"]:
+        return (f"nothing new to grade; {len(reports)} students already graded with these notebooks, course and "
+                "limits (`--force` grades them again)")
+    failed = sum(1 for r in reports for n in r["notebooks"].values() if n["status"] == "failed")
+    flagged = sum(1 for r in reports for n in r["notebooks"].values() if n["problems"])
+    kept = f"; {counts['kept']} notebooks already graded were kept" if counts["kept"] else ""
+    return (f"graded {counts['graded']} notebooks of {len(reports)} students ({failed} could not be graded, "
+            f"{flagged} with problems; see `workbook status`){kept}")
 
 
 def _feedback(course: Course, args: argparse.Namespace) -> int:

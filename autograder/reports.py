@@ -133,7 +133,10 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
     with course.gradebook() as gb:
         assignments = assignments or sorted(a.name for a in gb.assignments)
         notebooks = [(a, nb.name) for a in assignments for nb in gb.find_assignment(a).notebooks]
-        students = sorted(s.id for s in gb.students)
+        # the gradebook's students, and those collected but not graded yet (or rejected at collect)
+        collected = {a: (set(course.submitted_students(a)),
+                         (read_json(course.collect_log_path(a), {}) or {}).get("rejected", {})) for a in assignments}
+        students = sorted({s.id for s in gb.students} | {s for found, _ in collected.values() for s in found})
         header = ["student"] + [n for _, n in notebooks] + ["total"]
         table = [header]
         notes = []
@@ -164,8 +167,14 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
                         waiting += awaiting
                 except MissingEntry:
                     score, max_score = 0.0, float(gb.find_notebook(n, a).max_score)
-                    cell = "—"
-                if record is None and cell != "—":
+                    found, rejected = collected[a]
+                    cell = "REJECTED at collect" if student in rejected else \
+                        "collected" if student in found else "—"
+                    if student in rejected:
+                        notes.append(f"{shown(student, 64)} {n}: [rejected] {shown(rejected[student], 500)}")
+                if record is None and cell in ("collected", "REJECTED at collect"):
+                    pass  # not autograded yet: `workbook autograde` grades it
+                elif record is None and cell != "—":
                     cell += " (not autograded)"
                 elif record is not None:
                     problems = record.get("problems", [])
@@ -180,7 +189,9 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
                     if any(p["kind"] in FLAG_KINDS for p in problems):
                         cell += " FLAG"
                     for p in problems:
-                        notes.append(f"{student} {n}: [{p['kind']}] {shown(p['message'], 500)}")
+                        note = f"{shown(student, 64)} {n}: [{p['kind']}] {shown(p['message'], 500)}"
+                        if note not in notes:  # (one line a problem, however often it was recorded)
+                            notes.append(note)
                 total += score
                 max_total += max_score
                 line.append(cell)
@@ -192,6 +203,9 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
     if any(" LATE " in c for r in table for c in r):
         lines += ["", "LATE: handed in after the due date (`workbook due`); (-N): N points taken off by nbgrader's "
                   "late-submission plugin (LateSubmissionPlugin.penalty_method in nbgrader_config.py)."]
+    if any(c.startswith(("collected", "REJECTED at collect")) for r in table[1:] for c in r[1:]):
+        lines += ["", "collected: handed in, not autograded yet (`workbook autograde`); REJECTED at collect: the "
+                  "submission broke a rule of what may be handed in (the reason is below)."]
     if unknown_time:
         lines += ["", "LATE?: the assignment has a due date, but when this was handed in is not known (collected "
                   "without a trusted time: `workbook collect --time-from`); lateness was not checked."]

@@ -9,6 +9,7 @@ points (and, for a catalogued mistake, from ``course_lib.grading.grade`` run her
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import io
@@ -61,7 +62,10 @@ def graded(tmp_path_factory):
     state["parallel"] = _grades(course, assignment, notebook, students)
     state["parallel_reports"] = {s.id: read_json(course.report_path(assignment, s.id)) for s in students}
     state["kept_reports"] = {s.id: read_json(course.report_path(assignment, s.id)) for s in students}
-    assert main(["--course", str(root), "autograde", assignment, "-j", "2", *LIMITS]) == 0  # nothing to do
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["--course", str(root), "autograde", assignment, "-j", "2", *LIMITS]) == 0  # nothing to do
+    state["kept_words"] = printed.getvalue()
     state["kept"] = _grades(course, assignment, notebook, students)
     assert main(["--course", str(root), "autograde", assignment, "-j", "1", "--force", *LIMITS]) == 0
     state["sequential"] = _grades(course, assignment, notebook, students)
@@ -94,6 +98,10 @@ def test_scores_are_the_expected_ones(graded):
 
 def test_parallel_grades_equal_sequential_grades_and_reruns(graded):
     assert graded["parallel"] == graded["sequential"]
+    # the run that had nothing to do says so (it used to say "graded 13 students")
+    assert graded["kept_words"].strip() == (
+        f"{graded['assignment']}: nothing new to grade; {len(graded['students'])} students already graded with these "
+        "notebooks, course and limits (`--force` grades them again)")
     # a second run without --force keeps every grade and report: nothing was missing
     assert graded["kept"] == graded["parallel"]
     assert graded["kept_reports"] == graded["parallel_reports"]

@@ -214,3 +214,43 @@ def test_output_past_the_cell_cap_is_cut_with_one_notice_and_one_problem():
     assert texts[2].strip() == "... output truncated: this cell printed more than 1 kB ..." and len(texts) == 3
     assert [e["kind"] for e in run.events] == ["output_truncated"]
     assert "printed more than 1 kB" in run.events[0]["message"]
+
+
+def _recorded(course: Course) -> Course:
+    """The course with notebook 03's source, recorded in the gradebook (as `workbook release` does)."""
+    (course.root / "solutions" / A).mkdir(parents=True)
+    (course.root / "solutions" / A / f"{A}.ipynb").write_bytes((REPO / "solutions" / A / f"{A}.ipynb").read_bytes())
+    course.gradebook_notebooks(A)
+    return course
+
+
+def test_status_shows_who_was_collected_before_anything_is_graded(course, tmp_path):
+    from autograder.reports import status_table
+    _recorded(course)
+    lms = tmp_path / "lms"
+    lms.mkdir()
+    (lms / f"s1_{A}.ipynb").write_bytes(released(course))
+    (lms / f"s2_{A}.ipynb").write_bytes(b"[" * 200)  # nested too deep: rejected at collect
+    result = collect(course, lms, A)
+    assert sorted(result.imported) == ["s1"] and sorted(result.rejected) == ["s2"]
+    table = status_table(course)
+    rows = {line.split()[0]: line for line in table.splitlines()[2:] if line.strip() and not line.startswith(" ")}
+    assert rows["s1"].split()[1] == "collected" and "REJECTED at collect" in rows["s2"]
+    assert "collected: handed in, not autograded yet" in table
+    assert table.count("s2 03_self_attention: [rejected]") == 1
+
+
+@pytest.mark.parametrize("args, words", [
+    (["autograde", A, "-j", "0"], "argument -j/--workers: expected a positive integer, got 0"),
+    (["autograde", A, "-s", "nobody", "--unsafe-no-sandbox"], "no submission of 03_self_attention for: nobody"),
+    (["feedback", A, "-s", "nobody"], "no graded work of student 'nobody'"),
+])
+def test_bad_arguments_are_one_line_errors_that_name_them(course, args, words):
+    _recorded(course)
+    (course.submitted_dir / "s1" / A).mkdir(parents=True)
+    (course.reports_dir / A).mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(course.root), *args],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(words) or words in proc.stderr.strip().splitlines()[-1], \
+        proc.stderr
