@@ -1,6 +1,7 @@
 """``workbook``: the instructor's one command, from release to grades.
 
     workbook check                            is this machine ready to grade? (the sandbox, the gradebook)
+    workbook gradebook migrate                copy grading/gradebook.db into db_url's database
     workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
                                               (--check: only check notebooks/ is in sync)
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
@@ -54,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("check", help="is this machine ready to grade? (the grading sandbox, the gradebook)")
+
+    p = sub.add_parser("gradebook", help="gradebook housekeeping: `gradebook migrate` copies the SQLite gradebook "
+                                         "into the database db_url names (e.g. PostgreSQL)")
+    p.add_argument("action", choices=["migrate"])
+    p.add_argument("--from", dest="source", help="the gradebook to copy (default: sqlite:///grading/gradebook.db)")
+    p.add_argument("--to", dest="target", help="the empty gradebook to fill (default: db_url of nbgrader_config.py)")
 
     p = sub.add_parser("release", help="regenerate the student notebooks from solutions/")
     p.add_argument("assignment", nargs="?")
@@ -338,11 +345,19 @@ def main(argv: list[str] | None = None) -> int:
         exec_dask(args.command, ([args.address] if args.command == "worker" else []) + extra, course)
     try:
         course = Course(args.course) if args.course else Course()
+        if args.command not in ("gradebook", "check"):
+            from .migrate import check_switch
+            check_switch(course)  # a gradebook moved to a server, the grades left behind: say so, every time
         if args.command in ("feedback", "export", "report", "status"):
             from .reports import check_assignments
             check_assignments(course, getattr(args, "assignments", None))
         if args.command == "check":
             return _check(course)
+        if args.command == "gradebook":
+            from .migrate import migrate
+            copied = migrate(course, args.source, args.target)
+            print("copied " + ", ".join(f"{n} {t}" for t, n in copied.items() if n) + " into the gradebook")
+            return 0
         if args.command == "release":
             return _release(course, args)
         if args.command == "collect":

@@ -337,13 +337,14 @@ def connect(address: str):
     except Exception as exc:  # OSError, TimeoutError, ValueError (a malformed address)
         raise CourseError(f"cannot reach the Dask scheduler at {address!r} ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); start one with "
-                          "`dask scheduler` and workers with `dask worker ADDRESS`") from None
+                          "`workbook scheduler` and workers with `workbook worker ADDRESS` in the course "
+                          "folder") from None
     try:
         client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
     except Exception:
         client.close()
         raise CourseError(f"no Dask worker joined the scheduler at {address} within {WAIT_FOR_WORKERS_S} s; "
-                          "start workers with `dask worker ADDRESS` in the course folder") from None
+                          "start workers with `workbook worker ADDRESS` in the course folder") from None
     return client
 
 

@@ -238,6 +238,8 @@ def test_an_unreachable_scheduler_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
     assert f"cannot reach the Dask scheduler at '{address}'" in err
+    assert err.endswith("start one with `workbook scheduler` and workers with `workbook worker ADDRESS` in the "
+                        "course folder")
 
 
 # ---------------------------------------------------------------------------

@@ -104,3 +104,50 @@ def test_a_database_url_without_its_driver_is_a_one_line_error(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "driver is not installed (asyncpg)" in err
     assert "secret" not in err  # the password is never shown
+
+
+def test_moving_to_postgresql_is_refused_until_the_gradebook_is_migrated(tmp_path):
+    """A course graded on SQLite whose db_url then names a PostgreSQL server: every command
+    refuses and names both databases (it used to start an empty gradebook silently); `workbook
+    gradebook migrate` copies every row, after which status and export give the same grades."""
+    bin_dir, why = postgres_bin()
+    if bin_dir is None:
+        pytest.skip(why)
+    root, assignment = make_course(tmp_path / "course", NOTEBOOK)
+    assert main(["--course", str(root), "release", assignment]) == 0
+    course = Course(root)
+    with course.gradebook() as gb:  # two students graded (the gradebook's rows, as autograde writes them)
+        for student, points in (("alice", 2.0), ("bob", 0.5)):
+            gb.add_student(student)
+            gb.add_submission(assignment, student)
+            grade = gb.find_grade("test_causal_mask", NOTEBOOK, assignment, student)
+            grade.auto_score = points
+            comment = gb.find_comment("q_cost", NOTEBOOK, assignment, student)
+            comment.manual_comment = f"see me, {student}"
+        gb.db.commit()
+    before = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "export", "-o",
+                             str(tmp_path / "before.csv")], env=kernel_env(), capture_output=True, text=True)
+    assert before.returncode == 0, before.stderr
+    with PostgresServer(bin_dir) as server:
+        _set_db_url(root, server.url)
+        refused = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "status"],
+                                 env=kernel_env(), capture_output=True, text=True)
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == (
+            f"workbook status: the gradebook is now {server.url} (nbgrader_config.py), which is empty, but "
+            f"{root / 'grading' / 'gradebook.db'} holds 2 students' grades: run `workbook gradebook migrate` to copy "
+            "them over, or move that file away to start the new gradebook empty")
+        moved = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "gradebook", "migrate"],
+                               env=kernel_env(), capture_output=True, text=True)
+        assert moved.returncode == 0, moved.stderr
+        assert "2 student" in moved.stdout and "2 submitted_assignment" in moved.stdout
+        after = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "export", "-o",
+                                str(tmp_path / "after.csv")], env=kernel_env(), capture_output=True, text=True)
+        assert after.returncode == 0, after.stderr
+        assert (tmp_path / "after.csv").read_text() == (tmp_path / "before.csv").read_text()
+        assert "alice" in after.stdout and "2.5" not in after.stdout
+        with Course(root).gradebook() as gb:
+            assert gb.find_comment("q_cost", NOTEBOOK, assignment, "bob").manual_comment == "see me, bob"
+        again = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "gradebook", "migrate"],
+                               env=kernel_env(), capture_output=True, text=True)
+        assert again.returncode == 2 and "is not empty" in again.stderr
