@@ -192,3 +192,43 @@ def test_several_assignments_get_a_heat_map_weakest_first():
     # the heat map, and per notebook its scores and credit per item (no named mistake: no bar chart)
     assert page.count("<img ") == 1 + 2 * 2 and "Who is falling behind" in page
     assert not any(name in page for name in ("id_ann_71", "id_bob_72", "id_cy_73"))
+
+
+def test_stubs_are_not_attempted_counts_share_one_denominator_and_examples_end_on_a_word():
+    """Pure: a student who left an item's stub as released is "not attempted" (not a failure
+    to recognise); every count of an assignment is out of its students, also for a student
+    whose notebook could not run; examples are cut at a word; the histogram counts whole
+    students."""
+    from autograder.class_report import Grading, _score_figure, render_html, summarize
+
+    def result(message: str, earned: float = 0.0) -> dict:
+        return {"x": {"item": "x", "graded": True, "total_points": 2.0, "reference_used": "", "notes": [],
+                      "results": [{"title": "t", "points": 2.0, "earned": earned, "hidden": False,
+                                   "message": message, "mistake": ""}]}}
+
+    stub = result("`x` raised NotImplementedError: it still contains the stub `raise NotImplementedError()`. "
+                  "Replace it with your code.")
+    long = "On q (2, 5, 4): `out` differs from the expected values " + "at position (0, 1) by 0.5 " * 20
+    gradings = [Grading("01_a", "01_a", "s1", 2.0, 2.0, 2.0, 0.0, {"test_x": (2.0, 2.0)}, "graded", [],
+                        result("", 2.0)),
+                Grading("01_a", "01_a", "s2", 0.0, 2.0, 0.0, 0.0, {"test_x": (0.0, 2.0)}, "graded", [], stub),
+                Grading("01_a", "01_a", "s3", 0.0, 2.0, 0.0, 0.0, {"test_x": (0.0, 2.0)}, "graded", [],
+                        result(long)),
+                Grading("01_a", "01_a", "s4", 0.0, 2.0, 0.0, 0.0, {"test_x": (0.0, 2.0)}, "failed",
+                        ["kernel_died"], {})]
+    data = summarize(gradings, names=True)
+    a = data["assignments"]["01_a"]
+    item = a["items"][0]
+    assert (item["full"], item["none"], item["not_attempted"]) == (1, 3, 1)
+    assert [(u["students"], u["of"]) for u in a["unrecognised"]] == [(["s3"], 4)]  # the stub is not "not recognised"
+    assert [(s["failed"], s["of"]) for s in item["subchecks"]] == [(3, 4)]  # one denominator: the 4 students
+    example = a["unrecognised"][0]["example"]
+    assert example.endswith(" …") and len(example) <= 242 and example[:-2] == long[:len(example) - 2]
+    assert long[len(example) - 2] == " "  # cut where a word ends
+    page = render_html(data)
+    assert "Every count below is out of these 4 students." in page
+    assert "full credit 1 of 4, partial 0, none 2, not attempted 1 (the stub as released)." in page
+    assert "3 of 4 (75%)" in page
+    figure = _score_figure(a, "01_a")
+    ticks = figure.axes[0].get_yticks()
+    assert len(ticks) > 1 and all(float(t).is_integer() for t in ticks)
