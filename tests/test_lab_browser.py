@@ -143,6 +143,16 @@ def test_students_see_no_instructor_tools(lab_page):
     assert status == 404
 
 
+def test_no_news_prompt(lab_page):
+    """JupyterLab's "Would you like to receive official Jupyter news?" toast (its announcements
+    plugin) is off: a student is not asked, and nothing is fetched."""
+    browser, _, _ = lab_page
+    assert browser.evaluate("window.jupyterapp.hasPlugin('@jupyterlab/apputils-extension:notification')")
+    assert not browser.evaluate("window.jupyterapp.hasPlugin('@jupyterlab/apputils-extension:announcements')")
+    toasts = browser.evaluate("Array.from(document.querySelectorAll('.Toastify__toast')).map(t => t.textContent)")
+    assert not [t for t in toasts if "news" in t.lower()], toasts
+
+
 OVERFLOW = f"""(() => {{
   const panel = {PANEL}.content.node.getBoundingClientRect();
   const cut = el => el.scrollWidth > el.clientWidth + 1;

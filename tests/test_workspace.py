@@ -53,6 +53,23 @@ def test_a_course_update_is_offered_beside_the_students_work(course, tmp_path):
     assert mine.read_bytes() == edited and len(json.loads((work / MANIFEST).read_text())[f"{A}/{A}.ipynb"]) == 3
 
 
+def test_a_copy_the_student_never_changed_is_simply_refreshed(course, tmp_path):
+    work = tmp_path / "work"
+    sync(course, work)
+    other = work / "04_multi_head_attention" / "04_multi_head_attention.ipynb"
+    other.write_text(other.read_text().replace("# YOUR CODE HERE", "# mine", 1))  # worked on: kept
+    for a in (A, "04_multi_head_attention"):
+        update = course / a / f"{a}.ipynb"
+        update.write_text(update.read_text().replace("attention", "attention (revised)", 1))
+    assert sorted(sync(course, work)) == [
+        "course update: 04_multi_head_attention/04_multi_head_attention (course update 1).ipynb "
+        "(your 04_multi_head_attention/04_multi_head_attention.ipynb is kept as it is)",
+        f"updated: {A}/{A}.ipynb (you had not changed it)"]
+    assert (work / A / f"{A}.ipynb").read_bytes() == (course / A / f"{A}.ipynb").read_bytes()
+    assert not list((work / A).glob("*course update*"))
+    assert "# mine" in other.read_text()
+
+
 def test_an_untouched_copy_of_the_same_version_gets_nothing_beside_it(course, tmp_path):
     work = tmp_path / "work"
     sync(course, work)
