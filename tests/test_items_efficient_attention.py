@@ -236,7 +236,9 @@ def test_full_scores_in_one_block_fail_only_the_memory_check():
     assert result.earned == get_spec("online_softmax_attention").points  # advice: measured in the student's process
 
 
-def test_generation_without_a_cache_fails_only_the_one_token_per_step_check():
+def test_generation_without_a_cache_loses_the_one_token_per_step_point_with_the_mistake_named():
+    """A "cache" that recomputes everything gives generate's tokens; the model that answers right
+    only when fed the newest token with its caches tells it apart, from the tokens alone."""
     def no_cache(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
         with torch.no_grad():
             for _ in range(max_new_tokens):
@@ -246,9 +248,60 @@ def test_generation_without_a_cache_fails_only_the_one_token_per_step_check():
 
     result = grade(get_spec("cached_generate"), no_cache, hidden=True)
     failed = [r for r in result.results if not r.passed]
-    assert len(failed) == 1 and "one new token per step" in failed[0].title and items.ADVICE in failed[0].title
-    assert "positions in all" in failed[0].message and items.WHOLE_SEQUENCE_HINT in failed[0].message
-    assert result.earned == get_spec("cached_generate").points  # advice: measured in the student's process
+    assert [r.title for r in failed] == ["one new token per step with the caches: prompt 4, 6 steps"]
+    assert failed[0].mistake == "recomputes every step" and items.RECOMPUTE_HINT in failed[0].message
+    assert result.earned == get_spec("cached_generate").points - 1
+
+
+def _notebook(source: str) -> dict:
+    """Names defined by ``source`` run as a notebook cell (one shared global namespace)."""
+    space = {"torch": torch, "sample_next_token": sample_next_token}
+    exec(compile(source, "<notebook>", "exec"), space)  # noqa: S102 - the test's own code
+    return space
+
+
+GENERATE_WITH_GLOBAL_CACHE = """
+def cached_generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    caches = None
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            if caches is not None and len(caches[0]) < model.block_size:
+                logits = model(idx[:, -1:], caches=caches)
+            else:
+                caches = [KVCache() for _ in model.blocks]
+                logits = model(idx[:, -model.block_size:], caches=caches)
+            idx = torch.cat([idx, sample_next_token(logits[:, -1], temperature, top_k, generator)[:, None]], 1)
+    return idx
+"""
+
+
+def test_cached_generate_is_judged_with_the_graders_cache_and_the_cache_on_its_own():
+    """A wrong KVCache costs KVCache's points only: cached_generate, which builds its caches by
+    the notebook's name KVCache, is run with the grader's cache; the student's name is left
+    as it was."""
+    wrong = items.CACHE_MISTAKES[0].impl  # returns only the new keys
+    space = _notebook(GENERATE_WITH_GLOBAL_CACHE)
+    space["KVCache"] = wrong
+    assert grade(get_spec("KVCache"), wrong, hidden=True).earned < get_spec("KVCache").points
+    result = grade(get_spec("cached_generate"), space["cached_generate"], hidden=True)
+    assert result.earned == get_spec("cached_generate").points, [r.message for r in result.results if not r.passed]
+    assert space["KVCache"] is wrong
+    from course_lib.grading.fixtures.efficient import GraderCache
+    borrowed = grade(get_spec("KVCache"), GraderCache, hidden=True)
+    assert borrowed.earned == 0 and "the grader's own cache" in borrowed.reference_used
+
+
+def test_the_fresh_window_size_is_drawn_for_each_grading():
+    sizes = set()
+
+    def recording(T, window, causal=True, device=None):
+        sizes.add(T)
+        return window_mask(T, window, causal, device)
+
+    for salt in (3, 7, 11, 19, 31337):
+        assert grade(get_spec("sliding_window_mask"), recording, hidden=True, salt=salt).earned == \
+            get_spec("sliding_window_mask").points
+    assert len(sizes - {1, 4, 5, 6, 9, 12}) >= 2, sizes  # fresh sizes beyond the fixed cases, not one
 
 
 def test_a_cache_that_modifies_the_mask_in_place_loses_the_point():

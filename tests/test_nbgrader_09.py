@@ -41,7 +41,7 @@ SYNTAX_ERROR = "def dilated_window_mask(T, window, dilation, causal=True, device
 
 ITEMS = ("sliding_window_mask", "dilated_window_mask", "add_global_tokens", "sliding_window_attention",
          "online_softmax_attention", "KVCache", "cached_generate", "performer_features", "linear_attention")
-FULL = (3, 2, 3, 5, 3, 2, 3, 2, 4)
+FULL = (3, 2, 3, 5, 3, 2, 4, 2, 4)
 
 # student -> (cells that differ from the correct answers, expected points per test cell,
 #             fragments the feedback must show)
@@ -49,16 +49,16 @@ SUBMISSIONS = {
     "correct": ({}, FULL, ()),
     "stubs": (None, (0,) * 9, ("still contains the stub",)),
     "mistakes_a": ({"sliding_window_mask": WINDOW_OFF_BY_ONE, "online_softmax_attention": MAX_NOT_RESCALED,
-                    "performer_features": NO_HALF_NORM}, (1, 2, 3, 5, 0, 2, 3, 0, 4),
+                    "performer_features": NO_HALF_NORM}, (1, 2, 3, 5, 0, 2, 4, 0, 4),
                    ("Each query sees one key too many", "When a block raises the running max",
                     "exp(x Wᵀ) alone estimates")),
     "mistakes_b": ({"KVCache": CACHE_PREPENDS, "cached_generate": NO_CACHE_REUSE, "linear_attention": CAUSAL_IGNORED},
                    (3, 2, 3, 5, 3, 0, 3, 2, 2),
                    ("The new keys go before the cached ones", "Each step runs the model on the whole sequence",
                     "With causal=True query i may use keys 0 .. i only")),
-    "calls_reference": ({"sliding_window_attention": CALLS_REFERENCE}, (3, 2, 3, 0, 3, 2, 3, 2, 4),
+    "calls_reference": ({"sliding_window_attention": CALLS_REFERENCE}, (3, 2, 3, 0, 3, 2, 4, 2, 4),
                         ("the course's reference for this item",)),
-    "syntax_error": ({"dilated_window_mask": SYNTAX_ERROR}, (3, 0, 3, 5, 3, 2, 3, 2, 4), ("NameError",)),
+    "syntax_error": ({"dilated_window_mask": SYNTAX_ERROR}, (3, 0, 3, 5, 3, 2, 4, 2, 4), ("NameError",)),
 }
 
 

@@ -140,3 +140,16 @@ def test_release_follows_the_folders_of_nbgrader_config(tmp_path):
         assert [nb.name for nb in gb.find_assignment(a).notebooks] == [a]
     check = workbook("release", "--check")
     assert check.returncode == 0 and check.stdout.strip() == "student/ is in sync with src/."
+
+
+def test_no_notebook_holds_a_control_character_in_its_text():
+    """A TeX command typed in a Python string (``"\\text{window}"``) becomes a tab and renders wrongly:
+    no cell of a solution or student notebook holds a control character other than a newline."""
+    bad = []
+    for folder in ("solutions", "notebooks"):
+        for path in sorted((ROOT / folder).glob("*/*.ipynb")):
+            for i, c in enumerate(nbformat.read(str(path), as_version=4).cells):
+                found = sorted({f"U+{ord(ch):04X}" for ch in c.source if ord(ch) < 32 and ch != "\n"})
+                if found:
+                    bad.append(f"{path.relative_to(ROOT)} cell {i}: {', '.join(found)}")
+    assert not bad, bad

@@ -76,6 +76,7 @@ class Invoke:
     forward: tuple[str, ...] = ()
     aliases: bool = False
     train: bool = False
+    names: tuple[tuple[str, str], ...] = ()  # (global name, course_lib target) bound while a function runs
 
     def build(self, impl: Any, inputs: dict, state: bool = True) -> nn.Module:
         return build_module(impl, tuple(inputs["args"]), inputs.get("state") if state else None,
@@ -86,18 +87,48 @@ class Invoke:
 
     def __call__(self, impl: Any, inputs: dict) -> Any:
         if not self.module:
-            return impl(**inputs)
+            with bound_names(impl, self.names):
+                return impl(**inputs)
         return self.call(self.build(impl, inputs), inputs)
 
     def as_data(self) -> dict:
-        return {"module": self.module, "forward": list(self.forward), "aliases": self.aliases, "train": self.train}
+        return {"module": self.module, "forward": list(self.forward), "aliases": self.aliases, "train": self.train,
+                "names": [list(pair) for pair in self.names]}
 
     @classmethod
     def from_data(cls, data: Any) -> "Invoke":
         if not isinstance(data, dict) or not all(isinstance(n, str) for n in data.get("forward", [])):
             raise ValueError("malformed invoke")
+        names = data.get("names", [])
+        if not isinstance(names, list) or not all(isinstance(p, list) and len(p) == 2 and
+                                                  all(isinstance(x, str) for x in p) for p in names):
+            raise ValueError("malformed invoke")
         return cls(bool(data.get("module")), tuple(data.get("forward", ())), bool(data.get("aliases")),
-                   bool(data.get("train")))
+                   bool(data.get("train")), tuple(tuple(p) for p in names))
+
+
+@contextlib.contextmanager
+def bound_names(impl: Any, names: tuple[tuple[str, str], ...]):
+    """While a function item runs, the global ``name`` of its own module (the notebook)
+    means the course_lib ``target``: an item is then judged on its own, not on an earlier
+    item it builds on (``cached_generate`` with the grader's cache, not the student's
+    ``KVCache``). Restored afterwards."""
+    space = getattr(impl, "__globals__", None)
+    if not names or not isinstance(space, dict):
+        yield
+        return
+    missing = object()
+    saved = {name: space.get(name, missing) for name, _ in names}
+    try:
+        for name, target in names:
+            space[name] = resolve(target)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                space.pop(name, None)
+            else:
+                space[name] = value
 
 
 def target_name(obj: Any) -> str:
