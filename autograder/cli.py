@@ -255,8 +255,9 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
         if not args.quiet:
             from tqdm.auto import tqdm
             from .cluster import WorkerTally
+            from .release import recorded_notebooks
             total = len(args.student or course.submitted_students(assignment)) * \
-                len(course.gradebook_notebooks(assignment))
+                len(recorded_notebooks(course, assignment))
             bar = tqdm(total=total, desc=f"autograde {assignment}", unit="notebook")
             tally = WorkerTally()
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
 from traitlets.config import Config, PyFileConfigLoader
 
@@ -181,26 +181,6 @@ class Course:
         """Released notebooks of ``assignment``: notebook name -> path."""
         folder = self.release_dir / assignment
         return {p.stem: p for p in sorted(folder.glob("*.ipynb"))}
-
-    def gradebook_notebooks(self, assignment: str) -> list[str]:
-        """Notebook names of ``assignment`` in the gradebook (recorded by ``release``;
-        recorded here from ``solutions/`` if the gradebook does not have it yet)."""
-        with self.gradebook() as gb:
-            try:
-                return [nb.name for nb in gb.find_assignment(assignment).notebooks]
-            except MissingEntry:
-                pass
-        self.record_assignment(assignment)  # released elsewhere: record it from solutions/
-        with self.gradebook() as gb:
-            return [nb.name for nb in gb.find_assignment(assignment).notebooks]
-
-    def record_assignment(self, assignment: str) -> None:
-        """Record ``assignment`` (its notebooks, graded cells, locked cells and hidden
-        tests) from the source folder in this course's gradebook, with nbgrader's
-        ``generate_assignment``; the release folder is left as it is."""
-        from .release import generate
-
-        generate(assignment, None, self, record=True)
 
     def submitted_assignments(self) -> list[str]:
         """Assignments that have at least one submission folder."""

@@ -130,7 +130,8 @@ def formgrader_url(course: Course, assignment: str | None = None) -> str:
     """The path of Formgrader's page: the assignment's submissions, or its overview."""
     if assignment is None:
         return "/formgrader/gradebook"
-    notebooks = course.gradebook_notebooks(assignment)
+    from .release import recorded_notebooks
+    notebooks = recorded_notebooks(course, assignment)
     notebook = assignment if assignment in notebooks or not notebooks else notebooks[0]
     return f"/formgrader/gradebook/{assignment}/{notebook}"
 

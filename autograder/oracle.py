@@ -30,8 +30,8 @@ MAX_REQUEST = 64 * 2**20
 MAX_REPLY = 64 * 2**20
 
 
-def _code_objects(obj: Any) -> set:
-    from course_lib.grading.calls import _code_objects as codes
+def code_objects(obj: Any) -> set:
+    from course_lib.grading.calls import code_objects as codes
     return codes(obj)
 
 
@@ -119,7 +119,7 @@ def _answer(request: dict, targets: dict[str, Any]) -> dict:
     watch = set()
     for other in request.get("watch", []):
         if other in targets:
-            watch |= _code_objects(targets[other])
+            watch |= code_objects(targets[other])
     args, kwargs = realise(request.get("args", ())), realise(request.get("kwargs", {}))
     generators = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Generator)]
     touched: list[str] = []
@@ -181,8 +181,8 @@ class Oracle:
             code = 0
             try:
                 parent.close()
-                from .pool import _die_with_parent
-                _die_with_parent()
+                from .pool import die_with_parent
+                die_with_parent()
                 _serve(child, refs, self.memory_mb)
             except BaseException:  # noqa: BLE001
                 code = 1

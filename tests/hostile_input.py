@@ -36,14 +36,14 @@ MARKUP = [
     f"$\\text{{<img src=x onerror={RUN}>}}$",
     f"$$\\href{{javascript:{RUN}}}{{x}}$$",
     f"<math><mtext><table><mglyph><style><img src=x onerror={RUN}>",
-    f"<iframe srcdoc=\"<script>parent.__pwned=1</script>\"></iframe>",
+    "<iframe srcdoc=\"<script>parent.__pwned=1</script>\"></iframe>",
     f'<details open ontoggle="{RUN}"><summary>x</summary></details>',
     '<base href="javascript:/">',
     f'<form action="javascript:{RUN}"><input autofocus onfocus="{RUN}"></form>',
     f"<style>body {{ background: url('javascript:{RUN}') }}</style>",
     f"`</code><img src=x onerror={RUN}>`",
     f"\\`<img src=x onerror={RUN}>\\`",
-    f"![local file](../../../../../etc/passwd) ![a pasted svg](attachment:evil.svg)",
+    "![local file](../../../../../etc/passwd) ![a pasted svg](attachment:evil.svg)",
     f'<object data="javascript:{RUN}"></object><embed src="javascript:{RUN}">',
 ]
 

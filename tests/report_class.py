@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import warnings
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 

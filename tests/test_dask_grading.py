@@ -27,7 +27,9 @@ import pytest
 from autograder.autograde import GradingOptions, Limits, autograde
 from autograder.cli import main
 from autograder import cluster as worker_side
-from autograder.cluster import QUIET_DASK, course_manifest, dask_environment, manifest_differences
+from autograder import manifest as digests
+from autograder.cluster import QUIET_DASK, dask_environment
+from autograder.manifest import course_manifest, manifest_differences
 from autograder.course import Course
 from servers import REPO, DaskCluster, free_port
 from workbook_class import ClassBuilder, make_course
@@ -255,22 +257,22 @@ def _rewrite_keeping_size_and_mtime(path, text: str) -> None:
 
 
 def test_a_kept_file_digest_is_never_used_for_a_changed_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(worker_side, "_DIGESTS", {})
+    monkeypatch.setattr(digests, "_DIGESTS", {})
     f = tmp_path / "attention.py"
     f.write_text("x = 1\n")
-    assert worker_side._file_digest(f) == hashlib.sha256(b"x = 1\n").hexdigest()
-    assert str(f) not in worker_side._DIGESTS  # just written: not kept (a second write may follow in its tick)
-    monkeypatch.setattr(worker_side, "SETTLED_NS", 0)
-    worker_side._file_digest(f)
+    assert digests._file_digest(f) == hashlib.sha256(b"x = 1\n").hexdigest()
+    assert str(f) not in digests._DIGESTS  # just written: not kept (a second write may follow in its tick)
+    monkeypatch.setattr(digests, "SETTLED_NS", 0)
+    digests._file_digest(f)
     with monkeypatch.context() as m:  # kept: asked again, it is not read
         m.setattr(type(f), "read_bytes", lambda self: pytest.fail("read again"))
-        assert worker_side._file_digest(f) == hashlib.sha256(b"x = 1\n").hexdigest()
+        assert digests._file_digest(f) == hashlib.sha256(b"x = 1\n").hexdigest()
     _rewrite_keeping_size_and_mtime(f, "x = 2\n")
-    assert worker_side._file_digest(f) == hashlib.sha256(b"x = 2\n").hexdigest()
+    assert digests._file_digest(f) == hashlib.sha256(b"x = 2\n").hexdigest()
 
 
 def test_a_worker_course_changed_between_tasks_is_seen_by_the_next_task(tmp_path, monkeypatch):
-    monkeypatch.setattr(worker_side, "SETTLED_NS", 0)  # every digest kept, as on a long-running worker
+    monkeypatch.setattr(digests, "SETTLED_NS", 0)  # every digest kept, as on a long-running worker
     root, assignment = make_course(tmp_path / "course", NOTEBOOK)
     course = Course(root)
     expected = course_manifest(course)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autograder import intake
-from autograder.autograde import _extra_files, item_salt, read_submission
+from autograder.prepare import extra_files, item_salt, read_submission
 from autograder.copies import find_copies, forbidden_uses
 from autograder.oracle import Oracle
 from autograder.stubs import reference_targets
@@ -56,7 +56,7 @@ def test_symlinked_submissions_and_files_are_not_followed(tmp_path):
     (folder / "data.csv").write_text("1,2\n")
     nb, problems = read_submission(folder / "03.ipynb")
     assert nb is None and problems[0]["kind"] == "symlink"
-    files, links = _extra_files(folder)
+    files, links = extra_files(folder)
     assert [f for f, _ in files] == ["data.csv"] and links == ["notes.txt"]
 
 

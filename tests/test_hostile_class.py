@@ -60,7 +60,7 @@ import pytest
 
 from conftest import ROOT
 from course_lib.grading import get_spec
-from nbtools import (CLASS, PYTHON_BIN, Course, cell, edited, filled, kernel_env, register, snapshot, solution_sources,
+from nbtools import (CLASS, Course, edited, filled, kernel_env, register, snapshot, solution_sources,
                      text)
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ for _name, _module in list(sys.modules.items()):
             except Exception:
                 pass
 for _fake_name in ("course_lib.grading.runner", "course_lib.grading.registry", "course_lib.grading.items",
-                   "course_lib.grading.compare", "autograder", "autograder.supervisor"):
+                   "course_lib.grading.compare", "autograder", "autograder.run", "autograder.judge"):
     _fake = types.ModuleType(_fake_name)
     _fake.check = _fake.grade = _fake.judge_item = _fake.format_report = _full_marks
     _fake.describe_difference = lambda *a, **k: None
@@ -478,9 +478,9 @@ import course_lib
 base = os.path.dirname(course_lib.__file__)
 payload = "\nprint('@MARK@ planted')\nimport os; os.system('touch /tmp/@MARK@-planted')\n"
 targets = [course_lib.__file__, os.path.join(base, "attention.py"), os.path.join(base, "grading", "__init__.py"),
-           os.path.join(base, "grading", "calls.py"), "/opt/workbook/inside.py", "/opt/workbook/channel.py",
+           os.path.join(base, "grading", "calls.py"), "/opt/workbook/runner.py", "/opt/workbook/channel.py",
            "/work/main/course_lib/attention.py", "/work/main/course_lib/grading/items/self_attention.py",
-           "/work/main/course_lib/grading/compare.py", "/work/main/autograder/supervisor.py",
+           "/work/main/course_lib/grading/compare.py", "/work/main/autograder/judge.py",
            "/work/main/nbgrader_config.py", "/work/main/grading/gradebook.db", "/work/main/grading/.workbook-secret",
            "/root/.ipython/profile_default/startup/00-@MARK@.py", "/root/.bashrc", "/etc/passwd",
            sys.executable, os.path.join(os.path.dirname(os.__file__), "site.py")]

@@ -25,7 +25,6 @@ import json
 import os
 import random
 import re
-import resource
 import shutil
 import signal
 import socket
@@ -33,7 +32,6 @@ import stat
 import subprocess
 import sys
 import time
-import unicodedata
 import urllib.request
 import zipfile
 from pathlib import Path

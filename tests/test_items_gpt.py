@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from course_lib.grading import get_spec, grade

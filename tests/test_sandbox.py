@@ -17,7 +17,7 @@ import pytest
 
 from autograder import sandbox
 from autograder.stubs import build_course_copy
-from autograder.supervisor import grade_notebook
+from autograder.worker import grade_notebook
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -7,11 +7,10 @@ import json
 
 import nbformat
 import pytest
-import torch
 
 from autograder import sandbox
 from autograder.stubs import build_course_copy
-from autograder.supervisor import grade_notebook
+from autograder.worker import grade_notebook
 from conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.cuda]

@@ -16,7 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.autograde import read_submission
+from autograder.prepare import read_submission
+from autograder.release import recorded_notebooks
 from autograder.collect import collect
 from autograder.course import Course, CourseError
 from autograder.pool import WorkerPool
@@ -203,9 +204,9 @@ def test_pool_rejects_no_workers():
 
 def test_output_past_the_cell_cap_is_cut_with_one_notice_and_one_problem():
     from autograder.sandbox import Limits
-    from autograder.supervisor import _Run
+    from autograder.run import Run
     cells = [{"cell_type": "code", "source": "print('x' * 10**6)", "metadata": {}}]
-    run = _Run(cells, Limits(max_output_kb=1))
+    run = Run(cells, Limits(max_output_kb=1))
     run.current = 0
     for _ in range(3):
         run.add_output(0, {"output_type": "stream", "name": "stdout", "text": "x" * 700})
@@ -220,7 +221,7 @@ def _recorded(course: Course) -> Course:
     """The course with notebook 03's source, recorded in the gradebook (as `workbook release` does)."""
     (course.root / "solutions" / A).mkdir(parents=True)
     (course.root / "solutions" / A / f"{A}.ipynb").write_bytes((REPO / "solutions" / A / f"{A}.ipynb").read_bytes())
-    course.gradebook_notebooks(A)
+    recorded_notebooks(course, A)
     return course
 
 

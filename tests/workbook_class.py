@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import textwrap
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path

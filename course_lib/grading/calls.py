@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch import nn
 
-from .spec import CheckFailed
 from .wire import Build, GeneratorState
 
 __all__ = ["Call", "Invoke", "Subject", "perform", "realise", "build_module", "load_state", "module_layout",
@@ -58,6 +57,18 @@ class Call:
                 and isinstance(data.get("probe"), str) and isinstance(data.get("inputs"), dict)):
             raise ValueError("malformed call")
         return cls(data["item"], data["inputs"], data["probe"])
+
+
+class CheckFailed(Exception):
+    """Raised by a sub-check with the message to show the student.
+
+    ``stop=True`` skips the item's remaining sub-checks (used when the student's
+    code is still the stub, so that the report says it once).
+    """
+
+    def __init__(self, message: str, stop: bool = False) -> None:
+        super().__init__(message)
+        self.stop = stop
 
 
 @dataclass(frozen=True)
@@ -316,7 +327,7 @@ class ReferenceUsed(Exception):
     """The student's implementation is, or calls, the reference being graded."""
 
 
-def _code_objects(obj: Any) -> set:
+def code_objects(obj: Any) -> set:
     """Code objects of a function, or of the functions a class defines itself."""
     codes = set()
     if isinstance(obj, type):
@@ -349,7 +360,7 @@ def is_reference(impl: Any, reference: Any) -> bool:
     if isinstance(impl, type) and isinstance(reference, type):
         return issubclass(impl, reference)
     fn = getattr(impl, "__func__", impl)
-    return getattr(fn, "__code__", None) is not None and fn.__code__ in _code_objects(reference)
+    return getattr(fn, "__code__", None) is not None and fn.__code__ in code_objects(reference)
 
 
 @contextlib.contextmanager
@@ -368,10 +379,10 @@ def _forbid(reference: Any, forbidden: Mapping[Any, str]) -> Iterator[list[str]]
     """Record (in the yielded list) any call of the reference or a forbidden callable.
     (A stub standing in for the reference shares its code with every other stub: the
     grader refuses it instead, see autograder.stubs.)"""
-    ref_codes = set() if hasattr(reference, "__workbook_reference__") else _code_objects(reference)
+    ref_codes = set() if hasattr(reference, "__workbook_reference__") else code_objects(reference)
     py_forbidden, c_forbidden = {}, {}
     for fn, reason in forbidden.items():
-        codes = _code_objects(fn)
+        codes = code_objects(fn)
         for code in codes:
             py_forbidden[code] = reason
         if not codes:
@@ -455,7 +466,7 @@ def quiet() -> Iterator[Captured]:
 # Performing a call
 # ---------------------------------------------------------------------------
 
-def _student_frame(tb: traceback.StackSummary) -> str:
+def student_frame(tb: traceback.StackSummary) -> str:
     """The last line of the traceback that is not inside course_lib or torch."""
     for frame in reversed(tb):
         path = frame.filename.replace("\\", "/")
@@ -470,7 +481,7 @@ def _error(kind: str, exc: BaseException | None = None, text: str = "") -> dict:
     answer = {"ok": False, "kind": kind, "text": text[:2000]}
     if exc is not None:
         answer["exc"] = type(exc).__name__[:80]
-        answer["where"] = _student_frame(traceback.extract_tb(exc.__traceback__))
+        answer["where"] = student_frame(traceback.extract_tb(exc.__traceback__))
         answer["text"] = (text or str(exc)).strip()[:2000]
     return answer
 

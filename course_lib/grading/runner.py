@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..device import get_device
-from .calls import (Call, ReferenceUsed, _student_frame, is_reference, perform, qualified, quiet,
+from .calls import (Call, ReferenceUsed, student_frame, is_reference, perform, qualified, quiet,
                     unwatched)
 from .spec import CheckFailed, ItemSpec, SubCheck
 from .wire import decode, encode, to_plain
@@ -340,7 +340,7 @@ def _run_subchecks(spec: ItemSpec, subchecks: Sequence[SubCheck], trial: Trial, 
             result.reference_used = str(used)
             result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, "not run"))
         except Exception as exc:  # a student's output can break a property check
-            where = _student_frame(traceback.extract_tb(exc.__traceback__))
+            where = student_frame(traceback.extract_tb(exc.__traceback__))
             result.results.append(
                 SubResult(sub.title, sub.points, 0.0, sub.hidden,
                           f"Checking failed with {type(exc).__name__}{where}: {str(exc).strip()[:300]}"))

@@ -47,7 +47,7 @@ import contextlib
 import html
 import io
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import ipywidgets as widgets

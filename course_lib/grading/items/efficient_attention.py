@@ -286,7 +286,6 @@ def _swa(window_mask=_window, scale=True):
 
 def swa_padding_attended(q, k, v, window, causal=True):
     """Zero-padded keys outside the sequence are not masked: they get weight exp(0)."""
-    T = q.size(-2)
     left, right = window - 1, (0 if causal else window - 1)
     kp = F.pad(k, (0, 0, left, right)).unfold(-2, left + right + 1, 1).transpose(-2, -1)
     vp = F.pad(v, (0, 0, left, right)).unfold(-2, left + right + 1, 1).transpose(-2, -1)

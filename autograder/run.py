@@ -1,30 +1,21 @@
-"""Grade one submitted notebook: run it sealed off, judge its answers here.
+"""Run: one submitted notebook in the sandbox, served from the grader's side.
 
-:func:`grade_notebook` is what a grading worker does with one submission:
-
-1. start the runner (:mod:`autograder.inside`) in a sandbox (:mod:`autograder.sandbox`)
-   and send it the notebook without its hidden tests, the submission's other files
-   and the limits;
-2. serve it until it is done or out of time: store each cell's outputs (validated,
-   stripped to safe types, capped again here), answer each test cell's plan request
-   with the plan of that item (:func:`course_lib.grading.runner.plan_item`, inputs
-   salted with this submission's secret salt), collect the answers, and run
-   course_lib's references for the notebook's stubs (:class:`autograder.oracle.Oracle`);
-3. stop the sandbox (nothing in it survives), judge every item in this process
-   (:func:`course_lib.grading.runner.judge_item`) and assemble the autograded
-   notebook: the outputs the runner produced, and in each test cell the grader's
-   report and score.
-
-Nothing the student's process sends is read as a score. Every problem (time
-limits, a process that ended, output over the cap, a broken protocol, errors in
-cells) is returned as a reason.
+:class:`Supervisor` starts the runner (autograder/inside/runner.py) sealed off
+(autograder/sandbox.py) with the notebook without its hidden tests, the submission's
+other files and the limits, then serves it over one socket until it is done or out of
+time: it stores each cell's outputs (:class:`Run`: validated, stripped to safe types,
+capped again here), answers each test cell's plan request with that item's plan
+(:func:`course_lib.grading.runner.plan_item`, inputs salted with the submission's
+secret salt), collects the answers, and runs course_lib's references for the notebook's
+stubs in the oracle (autograder/oracle.py), refused until the item has been graded.
+Nothing the student's process sends is read as a score: judging comes after
+(autograder/judge.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import signal
 import socket
@@ -38,32 +29,40 @@ import torch
 
 from course_lib.grading import get_spec
 from course_lib.grading.calls import Subject
-from course_lib.grading.runner import ItemResult, SubResult, format_report, judge_item, plan_item
+from course_lib.grading.runner import judge_item, plan_item
 from course_lib.grading.wire import Limits as WireLimits
 from course_lib.grading.wire import decode
 
-from .cells import is_test_cell, nbgrader_meta
-from .outbound import clean_attachments, clean_markdown, clean_output, clean_text
+from .inside.cells import is_test_cell, nbgrader_meta
+from .outbound import clean_output, clean_text
 from .problems import problem
 from . import sandbox
-from .channel import FrameReader, ProtocolError
+from .inside.channel import FrameReader, ProtocolError
 from .oracle import Oracle
 from .stubs import reference_targets
 
-__all__ = ["grade_notebook", "Problem", "RUNNER"]
+__all__ = ["Supervisor", "Run", "RUNNER", "cell_errors", "exit_words", "known_item", "cell_label"]
 
-RUNNER = Path(__file__).with_name("inside.py")
+RUNNER = Path(__file__).resolve().parent / "inside" / "runner.py"  # its folder is all the sandbox sees of autograder/
+
 GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
+
 MEMORY_CHECK = 0.25  # seconds between two looks at the memory all of a sandbox's processes use
+
 MAX_FILES_MB = 100
+
 MAX_FRAME = 64 * 2**20  # one message from the sandbox
+
 MAX_ANSWERS = 256 * 2**20  # all the answers of one item
+
 STRICT = WireLimits(max_bytes=MAX_FRAME, max_header=4 * 2**20, max_nodes=200_000)  # what the sandbox may send
 
 
-def _where(index: int, cell: dict) -> str:
+
+def cell_label(index: int, cell: dict) -> str:
     gid = nbgrader_meta(cell).get("grade_id", "")
     return f"cell {index}" + (f" ({gid})" if gid else "")
+
 
 
 def _size(output: dict) -> int:
@@ -74,12 +73,9 @@ def _size(output: dict) -> int:
     return sum(len(v) for v in output["data"].values())
 
 
-# ---------------------------------------------------------------------------
-# The run
-# ---------------------------------------------------------------------------
 
 @dataclass
-class _Run:
+class Run:
     cells: list[dict]
     limits: sandbox.Limits
     outputs: dict[int, list[dict]] = field(default_factory=dict)
@@ -103,7 +99,7 @@ class _Run:
 
     def event(self, kind: str, index: int | None, message: str) -> None:
         cell = self.cells[index] if index is not None and 0 <= index < len(self.cells) else {}
-        where = _where(index, cell) + ": " if index is not None else ""
+        where = cell_label(index, cell) + ": " if index is not None else ""
         self.events.append(problem(kind, clean_text(where + message), clean_text(nbgrader_meta(cell).get("grade_id", ""))))
 
     def truncate(self, index: int) -> None:
@@ -140,7 +136,8 @@ class _Run:
         self.outputs.setdefault(index, []).append(clean)
 
 
-class _Supervisor:
+
+class Supervisor:
     def __init__(self, job: dict, course_copy: Path, job_dir: Path, uid: int) -> None:
         self.job = job
         self.course_copy = course_copy
@@ -157,8 +154,8 @@ class _Supervisor:
                 gid = str(nbgrader_meta(cell).get("grade_id", ""))
                 self.tests[gid] = gid.removeprefix("test_")
                 self.test_cell.setdefault(gid.removeprefix("test_"), index)
-        self.items = [i for i in self.tests.values() if _known(i)]
-        self.run = _Run(self.nb["cells"], self.limits)
+        self.items = [i for i in self.tests.values() if known_item(i)]
+        self.run = Run(self.nb["cells"], self.limits)
         self.oracle = Oracle(reference_targets(self.items), memory_mb=self.limits.memory_mb,
                              timeout=min(60.0, float(self.limits.cell_timeout)))
         self.process: subprocess.Popen | None = None
@@ -212,7 +209,7 @@ class _Supervisor:
                                         preexec_fn=lambda: sandbox.apply_limits(limits))
         log.close()
         child.close()
-        from .channel import Channel
+        from .inside.channel import Channel
         Channel(parent).send(self._setup_message())
 
     def stop(self) -> int | None:
@@ -297,7 +294,7 @@ class _Supervisor:
 
     def reply(self, message: dict) -> None:
         """Send a reply; a runner that stops reading cannot block the grader."""
-        from .channel import Channel
+        from .inside.channel import Channel
         self.sock.settimeout(30)
         try:
             Channel(self.sock).send(message)
@@ -432,40 +429,6 @@ class _Supervisor:
         table[s][i] = answer if isinstance(answer, dict) else {"ok": False, "kind": "no_answer",
                                                                "text": "the answer could not be read"}
 
-    # -- judging --------------------------------------------------------------
-    def judge(self) -> dict[str, ItemResult]:
-        results = {}
-        run = self.run
-        for gid, item in self.tests.items():
-            if item not in self.items:
-                continue
-            spec = get_spec(item)
-            if item in run.plans:
-                results[item] = judge_item(spec, run.plans[item], run.answers[item], device=self.device,
-                                           salt=self.salts.get(item, 0))
-                reason = self._forbidden(item, spec)
-                if reason and not results[item].reference_used:
-                    results[item].reference_used = reason
-            else:
-                results[item] = _not_run(spec, self._why_not_run(gid))
-        return results
-
-    def _forbidden(self, item: str, spec: Any) -> str:
-        """A forbidden callable named in the item's solution cell (found in the code, here)."""
-        from .copies import forbidden_uses
-        for cell in self.nb["cells"]:
-            meta = nbgrader_meta(cell)
-            if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id") == item:
-                source = cell.get("source", "")
-                return forbidden_uses("".join(source) if isinstance(source, list) else str(source), spec.forbidden)
-        return ""
-
-    def _why_not_run(self, gid: str) -> str:
-        run = self.run
-        if run.ended:
-            where = f" in {_where(run.ended_at, run.cells[run.ended_at])}" if run.ended_at is not None else ""
-            return f"This test cell did not run: {run.ended}{where}."
-        return "This test cell did not run."
 
 
 def _nbytes(value: Any, depth: int = 0) -> int:
@@ -481,18 +444,14 @@ def _nbytes(value: Any, depth: int = 0) -> int:
     return 0
 
 
-def _known(item: str) -> bool:
+
+def known_item(item: str) -> bool:
     try:
         get_spec(item)
         return True
     except KeyError:
         return False
 
-
-def _not_run(spec: Any, reason: str) -> ItemResult:
-    subs = spec.subchecks
-    results = [SubResult(s.title, s.points, 0.0, s.hidden, reason if k == 0 else "not run") for k, s in enumerate(subs)]
-    return ItemResult(spec.name, results, graded=True, total_points=spec.points)
 
 
 def _unsafe_env(course_copy: Path, fd: int, threads: int, job_dir: Path) -> dict[str, str]:
@@ -507,7 +466,8 @@ def _unsafe_env(course_copy: Path, fd: int, threads: int, job_dir: Path) -> dict
             "CUDA_VISIBLE_DEVICES": ""}
 
 
-def _exit_words(code: int | None) -> str:
+
+def exit_words(code: int | None) -> str:
     if code is None:
         return ""
     if code > 128:
@@ -523,7 +483,8 @@ def _exit_words(code: int | None) -> str:
     return f", exit code {code}"
 
 
-def _cell_errors(run: _Run) -> None:
+
+def cell_errors(run: Run) -> None:
     """One ``error`` problem for each cell (not a test cell) that raised.
 
     A cell stopped by an unfinished item or by a reference that is not available while
@@ -545,95 +506,3 @@ def _cell_errors(run: _Run) -> None:
                 run.event("error", index, f"raised {output['ename']}: {output['evalue'][:300]}")
                 break
 
-
-def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandbox.SANDBOX_UID_BASE) -> dict:
-    """Run and judge one submitted notebook (see the module docstring). ``job`` holds
-    ``notebook`` (JSON text, sanitized, hidden tests included), ``limits``
-    (:class:`sandbox.Limits` fields), ``salts`` (item -> salt), ``extra_files``,
-    ``device``, ``threads``, ``gpu`` and ``unsafe_no_sandbox``; ``uid`` is the sandbox's
-    user when the grader runs as root. Returns
-    ``{"notebook", "cells", "items", "problems", "seconds"}``."""
-    started = time.monotonic()
-    job_dir.mkdir(parents=True, exist_ok=True)
-    sup = _Supervisor(job, course_copy, job_dir, uid)
-    run = sup.run
-    try:
-        sup.start()
-        sup.serve()
-    except sandbox.SandboxUnavailable:
-        raise
-    finally:
-        code = sup.stop()
-    if run.ended == "the notebook's process ended":
-        run.ended += _exit_words(code)
-        run.event("kernel_died", run.ended_at,
-                  run.ended + " (os._exit, exit(), a crash such as a segmentation fault, or running out of memory)")
-    elif run.ended == "the notebook called exit()":
-        run.event("kernel_died", run.ended_at, run.ended)
-    if not run.done and not run.ended:
-        run.ended = "the notebook stopped"
-    _cell_errors(run)
-    results = sup.judge()
-    nb = sup.nb
-    cells_out = []
-    for index, cell in enumerate(nb["cells"]):
-        if cell.get("cell_type") in ("markdown", "raw"):
-            source = cell.get("source", "")
-            cell["source"] = clean_markdown("".join(source) if isinstance(source, list) else str(source))
-            attachments = clean_attachments(cell.pop("attachments", None))  # pasted images: kept, if images
-            if attachments and cell.get("cell_type") == "markdown":
-                cell["attachments"] = attachments
-            cell.get("metadata", {}).pop("format", None)
-            cell.get("metadata", {}).pop("raw_mimetype", None)
-        if cell.get("cell_type") != "code":
-            continue
-        if is_test_cell(cell):
-            gid = nbgrader_meta(cell)["grade_id"]
-            item = sup.tests[gid]
-            result = results.get(item)
-            if result is None:
-                report = f"✗ {gid}: no check is defined for this test cell; it scores 0."
-                score, max_score = 0.0, float(nbgrader_meta(cell).get("points", 0) or 0)
-                run.events.append(problem("no_check", f"{gid}: no check is defined for this test cell", gid))
-            else:
-                report, score, max_score = format_report(result), round(result.score, 4), float(result.total_points)
-            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": report + "\n"},
-                               {"output_type": "execute_result", "execution_count": None,
-                                "data": {"text/plain": f"{score:g} / {max_score:g} points"}, "metadata": {}}]
-            cell["execution_count"] = None
-            cells_out.append({"grade_id": gid, "score": score, "max_score": max_score,
-                              "error": _not_checked(result)})
-        else:
-            outputs = run.outputs.get(index, [])
-            if run.ended_at is not None and index > run.ended_at and not outputs:
-                outputs = [{"output_type": "error", "ename": "NotRun",
-                            "evalue": f"not run: {run.ended}", "traceback": [f"NotRun: not run: {run.ended}"]}]
-            cell["outputs"] = outputs
-            cell["execution_count"] = run.counts.get(index)
-    for finding in _copies(sup.nb, sup.items):
-        run.events.append(finding)
-    return {"notebook": json.dumps(nb), "cells": cells_out, "items": {k: v.as_data() for k, v in results.items()},
-            "problems": run.events, "seconds": time.monotonic() - started, "oracle_calls": sup.oracle.calls}
-
-
-def _copies(nb: dict, items: list[str]) -> list[dict]:
-    """``copied_reference`` problems for code that closely matches an item's reference."""
-    from .copies import find_copies
-    sources = []
-    for index, cell in enumerate(nb["cells"]):
-        if cell.get("cell_type") == "code" and not nbgrader_meta(cell).get("locked"):
-            source = cell.get("source", "")
-            sources.append((_where(index, cell), "".join(source) if isinstance(source, list) else str(source)))
-    return [problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
-                                        f"{f['item']} (similarity {f['similarity']:.2f}); check it was not copied",
-                    f"test_{f['item']}") for f in find_copies(sources, items)]
-
-
-def _not_checked(result: ItemResult | None) -> str:
-    """Why an item could not be checked at all ("" when its checks ran, passing or not)."""
-    if result is None:
-        return "no check is defined for this test cell"
-    first = next((r.message for r in result.results if r.message and r.message != "not run"), "")
-    if first.startswith("This test cell did not run") or "is not defined when its test cell runs" in first:
-        return first.splitlines()[0][:300]
-    return ""

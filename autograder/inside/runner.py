@@ -1,6 +1,6 @@
 """The runner inside the sandbox: executes a submitted notebook and answers the grader.
 
-Started by :mod:`autograder.supervisor` through :mod:`autograder.sandbox` as the first
+Started by :mod:`autograder.run` through :mod:`autograder.sandbox` as the first
 process of a sealed sandbox, with one socket to the grader (``WORKBOOK_CHANNEL_FD``).
 It receives the notebook (hidden tests already removed) and the submission's other
 files, limits itself, and runs every code cell in an in-process IPython shell

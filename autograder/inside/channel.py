@@ -5,8 +5,8 @@ A frame is a 4-byte length followed by a message encoded with
 module; the grader's side (:class:`FrameReader`) never blocks on a peer that stops
 mid-frame, and refuses frames over its size limit.
 
-This file is also imported inside the sandbox as a top-level module (``channel``),
-so it imports nothing from the ``autograder`` package.
+The runner imports this file inside the sandbox as a top-level module (``channel``): it
+imports nothing from the ``autograder`` package.
 """
 
 from __future__ import annotations
