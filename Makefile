@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup lab test test-fast bench browser sandbox postgres release check-release clean-grading
+.PHONY: setup lab test test-fast lint bench browser sandbox postgres release check-release clean-grading
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
@@ -41,8 +41,12 @@ lab: $(STAMP)
 WORKERS ?= 2
 XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-test: $(STAMP) browser sandbox postgres
+test: $(STAMP) browser sandbox postgres lint
 	$(BIN)/python -m pytest $(XDIST)
+
+# ruff, with the small rule set of pyproject.toml ([tool.ruff]): errors, not style
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # The JupyterLab end-to-end test drives headless Chromium. Installed here when possible
 # (root with apt-get, as on CI); otherwise that test is skipped with a note.
@@ -72,7 +76,7 @@ postgres:
 	  else echo "note: PostgreSQL not found; the PostgreSQL gradebook tests will be skipped"; fi; }
 
 # Skip notebook execution and nbgrader runs (seconds instead of minutes).
-test-fast: $(STAMP)
+test-fast: $(STAMP) lint
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 # Benchmarks (not tests): every notebook's wall time against its budget, course_lib's

@@ -111,7 +111,7 @@ class _Batch:
                     and self.course.autograded_path(task.student, self.assignment, task.notebook).exists()
                     == (old["status"] == "graded"))
 
-    def task(self, gb, student: str, notebook: str, number: int) -> Task:  # noqa: ANN001 - nbgrader's Gradebook
+    def task(self, gb, student: str, notebook: str, number: int) -> Task:  # nbgrader's Gradebook
         """Read one submitted notebook and make its job (``task.job`` stays None when nothing
         can run: its problems say why; ``{"skip": True}`` when it is kept)."""
         course, assignment, options = self.course, self.assignment, self.options
@@ -141,7 +141,7 @@ class _Batch:
             problems.extend(structural_problems(nb, gb, notebook, assignment, self.checksums[notebook]))
             nb, more = sanitize(nb, course, resources)
             problems.extend(more)
-        except Exception as exc:  # noqa: BLE001 - nbgrader raises many kinds on damaged metadata
+        except Exception as exc:  # nbgrader raises many kinds on damaged metadata
             problems.append(problem("invalid_notebook", "nbgrader could not read the graded cells "
                                                         f"({type(exc).__name__}: {str(exc)[:200]})"))
             return task

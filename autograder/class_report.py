@@ -309,7 +309,7 @@ def _score_plot(data: dict, assignment: str) -> str:
     return _png(_score_figure(data, assignment))
 
 
-def _score_figure(data: dict, assignment: str):  # noqa: ANN202 - a matplotlib Figure
+def _score_figure(data: dict, assignment: str):  # a matplotlib Figure
     import matplotlib.pyplot as plt
 
     scores = data["scores"]

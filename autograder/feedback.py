@@ -54,7 +54,7 @@ class HideTestTracebacks(NbGraderPreprocessor):
     """Error outputs of graded test cells keep only ``Name: message``: their
     tracebacks quote the cell's code, hidden tests included."""
 
-    def preprocess_cell(self, cell, resources, index):  # noqa: ANN001, ANN201
+    def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "code" and nbutils.is_grade(cell) and not nbutils.is_solution(cell):
             for output in cell.get("outputs", []):
                 if output.get("output_type") == "error":
@@ -68,7 +68,7 @@ class MarkAwaitingAnswers(NbGraderPreprocessor):
     """Written answers that still wait for a person (no manual score yet) get
     ``metadata.workbook_awaiting``: the page says "not graded yet" instead of a 0."""
 
-    def preprocess(self, nb, resources):  # noqa: ANN001, ANN201
+    def preprocess(self, nb, resources):
         info = resources["nbgrader"]
         with Gradebook(info["db_url"]) as gb:
             submission = gb.find_submission_notebook(info["notebook"], info["assignment"], info["student"])
@@ -76,7 +76,7 @@ class MarkAwaitingAnswers(NbGraderPreprocessor):
                               if g.manual_score is None and g.needs_manual_grade and g.cell.cell_type == "markdown"}
         return super().preprocess(nb, resources)
 
-    def preprocess_cell(self, cell, resources, index):  # noqa: ANN001, ANN201
+    def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "markdown" and cell.metadata.get("nbgrader", {}).get("grade_id") in self._awaiting:
             cell.metadata["workbook_awaiting"] = True
         return cell, resources
@@ -91,7 +91,7 @@ class SafeOutputs(NbGraderPreprocessor):
 
     budget_mb = Float(5.0, help="the page's size budget in MB").tag(config=True)
 
-    def preprocess(self, nb, resources):  # noqa: ANN001, ANN201
+    def preprocess(self, nb, resources):
         self._left = int(self.budget_mb * 2**20)
         self._dropped = self._cut = 0
         nb, resources = super().preprocess(nb, resources)
@@ -101,7 +101,7 @@ class SafeOutputs(NbGraderPreprocessor):
                 f"been over {self.budget_mb:g} MB. Open the notebook in JupyterLab to see all of it.")
         return nb, resources
 
-    def preprocess_cell(self, cell, resources, index):  # noqa: ANN001, ANN201
+    def preprocess_cell(self, cell, resources, index):
         graded = nbutils.is_grade(cell) or nbutils.is_solution(cell)
         source = cell.get("source", "")
         source = "".join(source) if isinstance(source, list) else str(source)
@@ -179,7 +179,7 @@ class AddGradingNotes(NbGraderPreprocessor):
 
     reports_dir = Unicode("", help="grading/reports of the course").tag(config=True)
 
-    def preprocess(self, nb, resources):  # noqa: ANN001, ANN201
+    def preprocess(self, nb, resources):
         ids = resources["nbgrader"]
         report = read_json(Path(self.reports_dir) / ids["assignment"] / f"{ids['student']}.json") or {}
         record = report.get("notebooks", {}).get(ids["notebook"])
@@ -236,13 +236,13 @@ def _vm_size() -> int:
     return 0
 
 
-def _bounded_child(conn, target, args, memory_mb: int) -> None:  # noqa: ANN001
+def _bounded_child(conn, target, args, memory_mb: int) -> None:
     try:
         limit = _vm_size() + memory_mb * 2**20  # on top of what this process already maps
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         target(*args)
         conn.send("")
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which goes on
+    except BaseException as exc:  # reported to the parent, which goes on
         conn.send(f"{type(exc).__name__}: {exc}"[:500])
     finally:
         conn.close()

@@ -59,7 +59,7 @@ def _safe_handlers() -> list[tuple[str, type]]:
 
     class SafeSubmission(SubmissionHandler):
         @property
-        def exporter(self):  # noqa: ANN201
+        def exporter(self):
             safe = self.settings.get("workbook_safe_exporter")
             if safe is None:
                 safe = SafeHTMLExporter(config=self.settings["nbgrader_exporter"].config)

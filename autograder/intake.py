@@ -320,7 +320,7 @@ def read_notebook(data: bytes, name: str, limits: IntakeLimits = IntakeLimits())
                 cell["id"] = f"cell-{index}"
         nb.nbformat_minor = max(nb.get("nbformat_minor", 0) if isinstance(nb.get("nbformat_minor"), int) else 0, 5)
         nbformat.validate(nb)
-    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds on damaged input
+    except Exception as exc:  # nbformat raises many kinds on damaged input
         raise TypeError(f"not a readable notebook: {type(exc).__name__}: {shown(str(exc), 300)}") from None
     return nb, version
 

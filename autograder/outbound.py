@@ -131,7 +131,7 @@ def tex_to_mathml(tex: str, display: bool) -> str:
 
     try:
         mathml = convert(tex, display="block" if display else "inline")
-    except Exception:  # noqa: BLE001 - any TeX a student wrote
+    except Exception:  # any TeX a student wrote
         return f"<code>{html.escape(tex)}</code>"
     return sanitize(mathml)
 
@@ -201,7 +201,7 @@ def with_csp(page: str) -> str:
     return f"<!DOCTYPE html>\n<html><head>{CSP_META}</head>\n" + page
 
 
-from jinja2 import pass_context as _pass_context  # noqa: E402 - beside the one class that needs it
+from jinja2 import pass_context as _pass_context  # beside the one class that needs it
 
 
 def _exporter_base():
@@ -214,7 +214,7 @@ class SafeHTMLExporter(_exporter_base()):
     :func:`markdown_html` and whose ``clean_html`` is :func:`sanitize`: for the pages a
     person views a submission in (the student's feedback, the instructor's Formgrader)."""
 
-    def from_notebook_node(self, nb, resources=None, **kw):  # noqa: ANN001, ANN201
+    def from_notebook_node(self, nb, resources=None, **kw):
         """Render a copy whose outputs are only of safe types and whose raw cells are plain
         text (nbconvert would put a raw cell marked text/html into the page as it is)."""
         import copy
@@ -231,12 +231,12 @@ class SafeHTMLExporter(_exporter_base()):
         return super().from_notebook_node(nb, resources, **kw)
 
     @_pass_context
-    def markdown2html(self, context, source):  # noqa: ANN001, ANN201 - nbconvert's filter signature
+    def markdown2html(self, context, source):  # nbconvert's filter signature
         cell = context.get("cell", {})
         attachments = cell.get("attachments", {}) if hasattr(cell, "get") else {}
         return markdown_html(source, attachments if isinstance(attachments, dict) else {})
 
-    def default_filters(self):  # noqa: ANN201
+    def default_filters(self):
         for name, function in super().default_filters():
             if name == "clean_html":
                 yield name, sanitize
@@ -319,7 +319,7 @@ def clean_markdown(text: str) -> str:
     from nbconvert.filters.markdown_mistune import MarkdownWithMath
     try:  # (pasted images render as a note here: only the markup is being checked)
         rendered = MarkdownWithMath(renderer=_renderer({})).render(cleaned)
-    except Exception:  # noqa: BLE001 - whatever the renderer makes of it, the text stays text
+    except Exception:  # whatever the renderer makes of it, the text stays text
         rendered = "<unreadable>"
     for name, attributes in _TAG.findall(rendered):
         if name.lower() not in _MARKDOWN_TAGS or not _SAFE_ATTRIBUTES.match(attributes) \

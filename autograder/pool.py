@@ -51,7 +51,7 @@ def _worker_loop(conn: Connection, handler: Callable[[dict], dict], init: Callab
             return
         try:
             result = handler(job)
-        except BaseException as exc:  # noqa: BLE001 - report, never die silently
+        except BaseException as exc:  # report, never die silently
             result = {"job_id": job.get("job_id"), "crash": f"{type(exc).__name__}: {exc}"}
         conn.send(result)
 

@@ -375,7 +375,7 @@ class Supervisor:
         try:
             plan = plan_item(spec, hidden=True, device=self.device, salt=self.salts.get(item, 0))
             subject = Subject.of(spec).as_data()
-        except Exception as exc:  # noqa: BLE001 - a fault of the grader's, not of the submission
+        except Exception as exc:  # a fault of the grader's, not of the submission
             run.events.append(problem("grader_error", f"{item}: the grader could not plan its checks "
                                                       f"({type(exc).__name__}: {exc})", gid))
             self.reply({"type": "no_plan"})

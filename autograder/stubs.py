@@ -54,7 +54,7 @@ class _Stubber(ast.NodeTransformer):
         self.names = names  # top-level name -> (target, item, is_class)
         self.done: set[str] = set()
 
-    def visit_Module(self, node: ast.Module) -> ast.Module:  # noqa: N802
+    def visit_Module(self, node: ast.Module) -> ast.Module:
         body = []
         for stmt in node.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name in self.names:

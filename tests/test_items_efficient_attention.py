@@ -256,7 +256,7 @@ def test_generation_without_a_cache_loses_the_one_token_per_step_point_with_the_
 def _notebook(source: str) -> dict:
     """Names defined by ``source`` run as a notebook cell (one shared global namespace)."""
     space = {"torch": torch, "sample_next_token": sample_next_token}
-    exec(compile(source, "<notebook>", "exec"), space)  # noqa: S102 - the test's own code
+    exec(compile(source, "<notebook>", "exec"), space)  # the test's own code
     return space
 
 

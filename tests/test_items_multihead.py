@@ -119,7 +119,7 @@ def test_calling_torch_multihead_forward_earns_nothing():
 
     class Wrapped(MultiHeadAttention):
         def forward(self, query, key, value, mask=None):
-            F.multi_head_attention_forward  # noqa: B018 (attribute access only, no call)
+            F.multi_head_attention_forward  # attribute access only, no call
             return super().forward(query, key, value, mask)
 
     assert grade(get_spec("MultiHeadAttention"), Wrapped, hidden=True, device="cpu").earned == 6
@@ -195,7 +195,7 @@ def test_gradient_properties_name_what_is_missing():
 
         def forward(self, query, key, value, mask=None, need_weights=False):
             B, T, D = query.shape
-            split = lambda x: x.view(B, -1, self.num_heads, D // self.num_heads).transpose(1, 2)  # noqa: E731
+            split = lambda x: x.view(B, -1, self.num_heads, D // self.num_heads).transpose(1, 2)
             q, k, v = split(self.w_q(query)), split(self.w_k(key)), split(self.w_v(value))
             out, w = attend(q, k, v, None if mask is None else (mask if mask.dim() == 4 else mask[:, None]))
             return self.w_o(out.transpose(1, 2).reshape(B, T, D)), w

@@ -5,10 +5,10 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-from course_lib.plotting import accuracy_vs_length, per_position_accuracy  # noqa: E402
+from course_lib.plotting import accuracy_vs_length, per_position_accuracy
 
 
 def test_per_position_accuracy_plots_one_curve_per_label_on_positions_from_1():

@@ -19,7 +19,7 @@ from course_lib.training import TrainHistory, train
 
 def _rnn_inputs(B=3, T=7, D=4, H=5, dtype=torch.float64, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).to(device)  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).to(device)
     return mk(B, T, D), mk(B, H), mk(H, D), mk(H, H) * 0.5, mk(H)
 
 
@@ -88,7 +88,7 @@ def test_time_recurrence_reports_both_timings():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_scores_softmax_and_context(device, dtype):
     g = torch.Generator().manual_seed(0)
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).to(device)  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).to(device)
     h, s, W, W_h, W_s, v = mk(2, 5, 4), mk(2, 3), mk(4, 3), mk(6, 4), mk(6, 3), mk(6)
     for b in range(2):
         for i in range(5):

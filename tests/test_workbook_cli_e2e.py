@@ -111,7 +111,7 @@ def test_parallel_grades_equal_sequential_grades_and_reruns(graded):
     for s in graded["students"]:
         first, again = graded["parallel_reports"][s.id], read_json(course.report_path(a, s.id))
         assert first["score"] == again["score"]
-        kinds = lambda r: sorted(p["kind"] for n in r["notebooks"].values() for p in n["problems"])  # noqa: E731
+        kinds = lambda r: sorted(p["kind"] for n in r["notebooks"].values() for p in n["problems"])
         assert kinds(first) == kinds(again), s.id
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.modules.setdefault("workbook_runner", sys.modules[__name__])
 
-from cells import is_test_cell, nbgrader_meta  # noqa: E402  (this folder is on the sandbox's path)
-from channel import Channel  # noqa: E402
+from cells import is_test_cell, nbgrader_meta  # this folder is on the sandbox's path
+from channel import Channel
 
 _OUT: "Outputs | None" = None
 _CHANNEL: Channel | None = None
@@ -138,7 +138,7 @@ class Stream:
             _OUT.stream(self.name, text)
         return len(text)
 
-    def writelines(self, lines) -> None:  # noqa: ANN001
+    def writelines(self, lines) -> None:
         for line in lines:
             self.write(line)
 
@@ -192,7 +192,7 @@ def _flusher(outputs: Outputs) -> None:
 # The shell
 # ---------------------------------------------------------------------------
 
-def _make_shell():  # noqa: ANN202
+def _make_shell():
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
     from IPython.core.interactiveshell import InteractiveShell
@@ -205,7 +205,7 @@ def _make_shell():  # noqa: ANN202
         def write_output_prompt(self) -> None:
             pass
 
-        def write_format_data(self, format_dict, md_dict=None) -> None:  # noqa: ANN001
+        def write_format_data(self, format_dict, md_dict=None) -> None:
             _OUT.display({"output_type": "execute_result", "execution_count": self.prompt_count,
                           "data": dict(format_dict), "metadata": dict(md_dict or {})})
 
@@ -213,19 +213,19 @@ def _make_shell():  # noqa: ANN202
             pass
 
     class Publisher(DisplayPublisher):
-        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):  # noqa: ANN001
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
             if not update:
                 _OUT.display({"output_type": "display_data", "data": dict(data), "metadata": dict(metadata or {})})
 
-        def clear_output(self, wait=False) -> None:  # noqa: ANN001
+        def clear_output(self, wait=False) -> None:
             pass
 
     class Shell(InteractiveShell):
-        def _showtraceback(self, etype, evalue, stb) -> None:  # noqa: ANN001
+        def _showtraceback(self, etype, evalue, stb) -> None:
             _OUT.display({"output_type": "error", "ename": getattr(etype, "__name__", "Error"),
                           "evalue": str(evalue)[:4000], "traceback": [str(line) for line in stb][:200]})
 
-        def enable_gui(self, gui=None) -> None:  # noqa: ANN001
+        def enable_gui(self, gui=None) -> None:
             pass
 
     config = Config()
@@ -258,12 +258,12 @@ class Timeout:
         self.timer.start()
         return self
 
-    def __exit__(self, *exc) -> None:  # noqa: ANN002
+    def __exit__(self, *exc) -> None:
         if self.timer is not None:
             self.timer.cancel()
 
 
-def answer_plan(channel: Channel, shell, index: int, grade_id: str, cell_timeout: float) -> None:  # noqa: ANN001
+def answer_plan(channel: Channel, shell, index: int, grade_id: str, cell_timeout: float) -> None:
     """Ask the grader for the plan of this test cell's item and answer every call."""
     from course_lib.grading.calls import Call, Subject, perform
 
@@ -288,12 +288,12 @@ def answer_plan(channel: Channel, shell, index: int, grade_id: str, cell_timeout
                 except KeyboardInterrupt:
                     stopped = f"the checks ran longer than the {cell_timeout:g} s cell time limit"
                     answer = {"ok": False, "kind": "no_answer", "text": stopped}
-                except BaseException as exc:  # noqa: BLE001 - SystemExit and the like from student code
+                except BaseException as exc:  # SystemExit and the like from student code
                     answer = {"ok": False, "kind": "error", "exc": type(exc).__name__, "text": str(exc)[:300],
                               "where": ""}
             try:
                 channel.send({"type": "answer", "item": subject.name, "segment": s, "index": k, "answer": answer})
-            except Exception as exc:  # noqa: BLE001 - the answer could not be encoded or sent
+            except Exception as exc:  # the answer could not be encoded or sent
                 channel.send({"type": "answer", "item": subject.name, "segment": s, "index": k,
                               "answer": {"ok": False, "kind": "error", "exc": type(exc).__name__,
                                          "text": "the answer could not be sent to the grader", "where": ""}})
@@ -325,7 +325,7 @@ def run(channel: Channel, setup: dict) -> None:
         if is_test_cell(cell):
             try:
                 answer_plan(channel, shell, index, str(nbgrader_meta(cell).get("grade_id", "")), cell_timeout)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 status = f"answering failed: {type(exc).__name__}"
         else:
             timeout = Timeout(cell_timeout)
@@ -388,7 +388,7 @@ def main() -> None:
     run(channel, setup)
 
 
-def visible_check(item: str, impl):  # noqa: ANN001, ANN201
+def visible_check(item: str, impl):
     """``(passed, reference)``: whether ``impl`` passes the item's visible checks, as the
     grader judges its answers, and course_lib's reference for the item (a stub here)."""
     from course_lib.grading.calls import Call, Subject, perform, resolve
@@ -405,7 +405,7 @@ def visible_check(item: str, impl):  # noqa: ANN001, ANN201
         for call_data in segment:
             try:
                 row.append(perform(subject, impl, Call.from_data(call_data)))
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 row.append({"ok": False, "kind": "error", "exc": type(exc).__name__, "text": str(exc)[:300],
                             "where": ""})
         answers.append(row)
@@ -413,12 +413,12 @@ def visible_check(item: str, impl):  # noqa: ANN001, ANN201
     reference = None
     try:
         reference = resolve(reply["subject"]["reference"])
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return bool(verdict.get("passed")), reference
 
 
-def oracle(name: str, args: tuple, kwargs: dict, grad_outputs=None):  # noqa: ANN001, ANN201
+def oracle(name: str, args: tuple, kwargs: dict, grad_outputs=None):
     """Ask the grader to run course_lib's reference ``name`` (see autograder.stubs)."""
     if _CHANNEL is None:
         raise RuntimeError("the grader is not connected")

@@ -390,7 +390,7 @@ def _forbid(reference: Any, forbidden: Mapping[Any, str]) -> Iterator[list[str]]
     used: list[str] = []
     ref_reason = f"it calls {qualified(reference)}, the course's reference for this item"
 
-    def profiler(frame, event, arg):  # noqa: ANN001
+    def profiler(frame, event, arg):
         if used:
             return
         if event == "call":
@@ -565,7 +565,7 @@ def _memory_probe(subject: Subject) -> Callable[[Any, dict], Any]:
         largest: list[int] = []
 
         class Record(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor) and (not largest or t.numel() > math.prod(largest)):
@@ -623,7 +623,7 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
                 "text": f"it is {qualified(spec.reference)}, the course's reference for this item"}
     try:
         inputs = realise(call.inputs)
-    except Exception as exc:  # noqa: BLE001 - a grading input could not be built here
+    except Exception as exc:  # a grading input could not be built here
         return _error("check", text=f"the grader's inputs could not be built: {type(exc).__name__}: {exc}")
     used: list[str] = []
     with quiet() as captured:
