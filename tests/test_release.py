@@ -153,3 +153,14 @@ def test_no_notebook_holds_a_control_character_in_its_text():
                 if found:
                     bad.append(f"{path.relative_to(ROOT)} cell {i}: {', '.join(found)}")
     assert not bad, bad
+
+
+def test_every_written_answer_has_a_model_answer_labelled_the_same_way():
+    """A written answer's solution holds the model answer, labelled as in every notebook
+    ("*Model answer.* ..."), for the instructor who grades it in Formgrader."""
+    for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        for c in nbformat.read(str(path), as_version=4).cells:
+            meta = c.metadata.get("nbgrader", {})
+            if c.cell_type == "markdown" and meta.get("solution") and meta.get("grade"):
+                assert "*Model answer.* " in c.source, (path.name, meta.get("grade_id"))
+                assert "Model answer:" not in c.source, (path.name, meta.get("grade_id"))
