@@ -30,14 +30,14 @@ import torch
 from course_lib.grading import get_spec
 from course_lib.grading.calls import Subject
 from course_lib.grading.runner import judge_item, plan_item
-from course_lib.grading.wire import Limits as WireLimits
+from course_lib.grading.wire import WireLimits
 from course_lib.grading.wire import decode
 
 from .inside.cells import is_test_cell, nbgrader_meta
 from .outbound import clean_output, clean_text
 from .problems import problem
 from . import sandbox
-from .inside.channel import FrameReader, ProtocolError
+from .inside.channel import MAX_FRAME, FrameReader, ProtocolError
 from .oracle import Oracle
 from .stubs import reference_targets
 
@@ -51,7 +51,6 @@ MEMORY_CHECK = 0.25  # seconds between two looks at the memory all of a sandbox'
 
 MAX_FILES_MB = 100
 
-MAX_FRAME = 64 * 2**20  # one message from the sandbox
 
 MAX_ANSWERS = 256 * 2**20  # all the answers of one item
 

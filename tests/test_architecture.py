@@ -151,3 +151,21 @@ def test_the_sandbox_mounts_the_inside_folder_and_nothing_else_of_the_autograder
             or Path(m).resolve() in autograder.parents and Path(m).resolve() != Path("/")
             and str(Path(m).resolve()).startswith(str(ROOT))]
     assert ours == [str(INSIDE)], ours
+
+
+def test_every_public_list_names_what_its_module_defines():
+    """A module's ``__all__`` lists only names it has (a stale entry breaks ``import *`` and
+    misleads a reader)."""
+    import importlib
+
+    stale = []
+    for module, path in _modules().items():
+        if path.parent == INSIDE:
+            continue  # runs as top-level modules inside the sandbox
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if not any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
+                   for n in tree.body):
+            continue
+        loaded = importlib.import_module(module)
+        stale += [f"{module}.{name}" for name in loaded.__all__ if not hasattr(loaded, name)]
+    assert not stale, stale

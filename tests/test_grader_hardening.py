@@ -18,7 +18,7 @@ from autograder.outbound import clean_markdown, clean_output, clean_text
 from course_lib.grading import get_spec
 from course_lib.grading.calls import realise
 from course_lib.grading.compare import describe_difference
-from course_lib.grading.wire import Build, Limits, WireError, decode, encode
+from course_lib.grading.wire import Build, WireLimits, WireError, decode, encode
 
 
 def test_the_oracle_runs_references_on_plain_data_only():
@@ -100,7 +100,7 @@ def test_student_markdown_and_messages_are_made_inert():
 def test_oversized_structures_are_refused_before_they_are_built():
     raw = encode([[]] * 1000)
     with pytest.raises(WireError, match="structure"):
-        decode(raw, Limits(max_header=2000))
+        decode(raw, WireLimits(max_header=2000))
 
 
 def test_forbidden_callables_are_found_in_the_code():

@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from course_lib.grading.wire import Build, GeneratorState, Limits, Opaque, WireError, decode, encode, to_plain
+from course_lib.grading.wire import Build, GeneratorState, WireLimits, Opaque, WireError, decode, encode, to_plain
 
 
 def test_values_round_trip_exactly():
@@ -82,7 +82,7 @@ def test_limits_bound_what_a_peer_can_make_us_build():
     with pytest.raises(WireError, match="values"):
         decode(encode(list(range(300_000))))
     with pytest.raises(WireError, match="over the"):
-        decode(encode(torch.zeros(1000)), Limits(max_bytes=1000))
+        decode(encode(torch.zeros(1000)), WireLimits(max_bytes=1000))
 
 
 def test_bool_tensors_with_odd_bytes_become_valid_bools():

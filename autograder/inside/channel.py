@@ -16,12 +16,12 @@ import struct
 import threading
 from typing import Any
 
-from course_lib.grading.wire import Limits, WireError, decode, encode
+from course_lib.grading.wire import WireLimits, WireError, decode, encode
 
 __all__ = ["Channel", "FrameReader", "ProtocolError", "MAX_FRAME"]
 
 _LEN = struct.Struct("<I")
-MAX_FRAME = 256 * 2**20
+MAX_FRAME = 128 * 2**20  # one frame, either way (the setup holds up to 100 MB of the submission's files)
 
 
 class ProtocolError(RuntimeError):
@@ -72,7 +72,7 @@ class Channel:
 class FrameReader:
     """Incremental, non-blocking frame parsing for the grader's side."""
 
-    def __init__(self, max_frame: int = MAX_FRAME, limits: Limits = Limits()) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME, limits: WireLimits = WireLimits()) -> None:
         self.buffer = bytearray()
         self.max_frame = max_frame
         self.limits = limits
