@@ -2,6 +2,7 @@
 
     workbook check                            is this machine ready to grade? (the sandbox, the gradebook)
     workbook gradebook migrate                copy grading/gradebook.db into db_url's database
+    workbook student-edition OUT              the repository students receive (no solutions, no hidden tests)
     workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
                                               (--check: only check notebooks/ is in sync)
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
@@ -55,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("check", help="is this machine ready to grade? (the grading sandbox, the gradebook)")
+
+    p = sub.add_parser("student-edition", help="write the repository students receive: notebooks, course_lib "
+                                               "without hidden checks, the README's student part; no solutions")
+    p.add_argument("out", help="a new folder")
 
     p = sub.add_parser("gradebook", help="gradebook housekeeping: `gradebook migrate` copies the SQLite gradebook "
                                          "into the database db_url names (e.g. PostgreSQL)")
@@ -346,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         exec_dask(args.command, ([args.address] if args.command == "worker" else []) + extra, course)
     try:
         course = Course(args.course) if args.course else Course()
-        if args.command not in ("gradebook", "check"):
+        if args.command not in ("gradebook", "check", "student-edition"):
             from .migrate import check_switch
             check_switch(course)  # a gradebook moved to a server, the grades left behind: say so, every time
         if args.command in ("feedback", "export", "report", "status"):
@@ -354,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
             check_assignments(course, getattr(args, "assignments", None))
         if args.command == "check":
             return _check(course)
+        if args.command == "student-edition":
+            from .student_edition import write_edition
+            for line in write_edition(course, Path(args.out)):
+                print(f"  {line}")
+            print(f"student edition written to {args.out}: its README says how to start (make lab)")
+            return 0
         if args.command == "gradebook":
             from .migrate import migrate
             copied = migrate(course, args.source, args.target)
