@@ -41,7 +41,7 @@ from .pool import WorkerPool
 from .prepare import (course_fingerprint, course_secret, extra_files, foreign_cells, item_salt, read_submission,
                       released_checksums, sanitize, structural_problems, submission_fingerprint, submission_time,
                       test_items)
-from .problems import problem
+from .problems import WHOLE_SUBMISSION, problem
 from .record import Task, save_report, with_retry, write_result
 from .release import recorded_notebooks
 from .sandbox import Limits, check_available
@@ -130,7 +130,8 @@ class _Batch:
         problems += [problem("symlink", f"{link} is a symbolic link; it was not given to the notebook")
                      for link in links]
         problems[:0] = [note for note in self.collect_log.get("notes", {}).get(student, [])
-                        if f"{notebook}.ipynb" in note["message"]]  # e.g. a renamed file
+                        if f"{notebook}.ipynb" in note["message"]  # e.g. a renamed file
+                        or note["kind"] in WHOLE_SUBMISSION]  # e.g. its own timestamp.txt, disbelieved
         task.problems = problems
         if nb is None:
             return task
@@ -222,7 +223,13 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                     tasks[f"{student}/{notebook}"] = batch.task(gb, student, notebook, len(tasks))
 
             def record(task: Task, result: dict | None, worker: str | None = None) -> None:
-                recorded = write_result(course, gb, task, result, options.unsafe_no_sandbox)
+                try:
+                    recorded = write_result(course, gb, task, result, options.unsafe_no_sandbox)
+                except Exception as exc:  # one result that cannot be written costs that notebook only
+                    gb.db.rollback()
+                    task.problems.append(problem("grader_error", "the grader could not record this notebook "
+                                                                 f"({type(exc).__name__}: {str(exc)[:200]}); it scores 0"))
+                    recorded = write_result(course, gb, task, None, options.unsafe_no_sandbox)
                 reports[task.student] = save_report(course, assignment, task.student, task.notebook, recorded,
                                                     notes.get(task.student, []))
                 if progress:

@@ -256,6 +256,8 @@ class _Student:
     id: str
     entries: list[tuple[_Entry, PurePosixPath]] = field(default_factory=list)  # entry, path inside the student
     rejected: str = ""
+    conflict: bool = False  # rejected for an id another student has: no folder is made for it
+    flags: list[dict] = field(default_factory=list)
     lms_names: list[str] = field(default_factory=list)
     source_times: list[dt.datetime] = field(default_factory=list)
 
@@ -468,17 +470,22 @@ def _collect(course: Course, entries: list[_Entry], known: set[str], assignment:
                 _write(course, assignment, sid, taken, times)
         except Refused as exc:
             result.rejected[sid] = str(exc)
-            if not dry_run:
+            if not dry_run and not student.conflict:
                 _write_rejection(course, assignment, sid)
             continue
         except OSError as exc:  # the instructor's disk: say so, and go on with the others
             result.rejected[sid] = f"could not be written: {shown(exc)}"
             continue
+        except Exception as exc:  # a damaged archive (bad CRC, an unknown compression, ...): that student only
+            result.rejected[sid] = f"its files could not be read ({type(exc).__name__}: {shown(exc, 200)})"
+            if not dry_run and not student.conflict:
+                _write_rejection(course, assignment, sid)
+            continue
         result.imported[sid] = sorted(taken.notebooks)
         result.times[sid] = times
         notes = [problem("invalid_notebook" if "not valid notebook JSON" in note else "renamed", note)
                  for _, (_, note) in sorted(taken.notebooks.items()) if note]
-        notes += times.pop("problems")
+        notes += times.pop("problems") + student.flags
         if notes:
             result.notes[sid] = notes
 
@@ -498,25 +505,49 @@ def _collect(course: Course, entries: list[_Entry], known: set[str], assignment:
         write_json_atomic(log_path, log)
 
 
+def _holds_work(folder: Path) -> bool:
+    """A student's folder with a submission in it (not an empty record of a rejection)."""
+    return folder.is_dir() and not folder.is_symlink() and any(
+        any(sub.iterdir()) for sub in folder.iterdir() if sub.is_dir() and not sub.is_symlink())
+
+
 def _refuse_lookalikes(course: Course, assignment: str, students: dict[str, _Student], result: CollectResult) -> None:
-    """Ids one case-insensitive file system (or a reader) would take for one student: every
-    one of them is rejected, in this collect or against an earlier one; none is picked."""
+    """Ids one case-insensitive file system would take for one student: every one of them is
+    rejected, in this collect or against another id's earlier work (never against the same
+    id handing in again); none is picked, and no folder is made for them. Ids that only look
+    alike (``alice``, ``aIice``) are imported, each flagged naming the other."""
+    earlier: dict[str, set[str]] = {}
+    if course.submitted_dir.is_dir():
+        for folder in course.submitted_dir.iterdir():
+            if _holds_work(folder):
+                earlier.setdefault(intake.same_student_key(folder.name), set()).add(folder.name)
     by_key: dict[str, list[str]] = {}
     for sid in students:
         by_key.setdefault(intake.same_student_key(sid), []).append(sid)
-    earlier = {}
-    if course.submitted_dir.is_dir():
-        earlier = {intake.same_student_key(p.name): p.name for p in course.submitted_dir.iterdir()}
     for key, ids in by_key.items():
-        other = earlier.get(key)
+        others = sorted(earlier.get(key, set()) - set(ids))
         if len(ids) > 1:
             why = f"the ids {' and '.join(sorted(ids))} differ only in case: one student to a case-insensitive disk"
-        elif other is not None and other != ids[0]:
-            why = f"the id {ids[0]} differs only in case from {other}, collected earlier"
+        elif others:
+            why = f"the id {ids[0]} differs only in case from {others[0]}, collected earlier"
         else:
             continue
         for sid in ids:
             students[sid].rejected = f"{why}; nothing was imported for either (rename the files, then collect again)"
+            students[sid].conflict = True
+    everyone: dict[str, set[str]] = {}
+    for sid in students:
+        everyone.setdefault(intake.looks_like(sid), set()).add(sid)
+    for key, names in earlier.items():
+        for name in names:
+            everyone.setdefault(intake.looks_like(name), set()).add(name)
+    for names in everyone.values():
+        if len({intake.same_student_key(n) for n in names}) < 2:
+            continue
+        for sid in names & set(students):
+            twins = ", ".join(sorted(n for n in names if intake.same_student_key(n) != intake.same_student_key(sid)))
+            students[sid].flags.append(problem("lookalike_ids", f"the id {sid} looks like {twins}: check they are "
+                                                                 "different students"))
 
 
 def _times(student: _Student, matcher: _Matcher, taken: _Taken, time_from: str) -> dict:

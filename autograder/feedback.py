@@ -97,8 +97,9 @@ class SafeOutputs(NbGraderPreprocessor):
         nb, resources = super().preprocess(nb, resources)
         if self._dropped or self._cut:
             resources.setdefault("workbook_page_notes", []).append(
-                f"{self._dropped} outputs were left out of this page and {self._cut} cells shortened: it would have "
-                f"been over {self.budget_mb:g} MB. Open the notebook in JupyterLab to see all of it.")
+                f"{self._dropped} outputs or pasted images were left out of this page and {self._cut} cells "
+                f"shortened: it would have been over {self.budget_mb:g} MB. Open the notebook in JupyterLab to see "
+                "all of it.")
         return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
@@ -112,10 +113,18 @@ class SafeOutputs(NbGraderPreprocessor):
         cell["source"] = source
         self._left -= len(source)
         if cell.get("cell_type") == "markdown" and isinstance(cell.get("attachments"), dict):
-            cell["attachments"] = {name: {m: v for m, v in (a or {}).items() if m in IMAGE_TYPES}
-                                   for name, a in cell["attachments"].items()
-                                   if isinstance(name, str) and isinstance(a, dict)}
-            self._left -= sum(len(str(v)) for a in cell["attachments"].values() for v in a.values())
+            kept_images = {}
+            for name, attachment in cell["attachments"].items():
+                if not isinstance(name, str) or not isinstance(attachment, dict):
+                    continue
+                image = {m: v for m, v in attachment.items() if m in IMAGE_TYPES}
+                size = sum(len(str(v)) for v in image.values())
+                if size > self._left:  # a pasted photo past the page's budget: left out, with the note
+                    self._dropped += 1
+                    continue
+                self._left -= size
+                kept_images[name] = image
+            cell["attachments"] = kept_images
         kept = []
         for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
             clean = clean_output(output)

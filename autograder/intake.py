@@ -43,7 +43,8 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 
-__all__ = ["IntakeLimits", "Refused", "shown", "student_id", "same_student_key", "member_path", "ZipMember",
+__all__ = ["IntakeLimits", "Refused", "shown", "scrub", "student_id", "same_student_key", "looks_like", "member_path",
+           "ZipMember",
            "read_zip", "read_bounded", "scan_json", "read_notebook", "parse_time", "RESERVED_IDS", "ID_RULE"]
 
 MB = 2**20
@@ -103,11 +104,38 @@ def shown(text: Any, limit: int = 200) -> str:
     (zero-width, bidirectional), private-use, unassigned or line-separating character,
     and every lone surrogate (an undecodable byte of a file name), written as an escape
     (``\\x1b``, ``\\u202e``, ``\\n``); cut at ``limit`` characters with "…"."""
-    text = str(text)
+    text = _SPACES.sub(" ", str(text))  # a run of spaces could push text onto a line of its own
     out = []
     for ch in text[:limit]:
         out.append(_escape_char(ch) if unicodedata.category(ch) in _VISIBLE_CATEGORIES else ch)
     return "".join(out) + ("…" if len(text) > limit else "")
+
+
+_SPACES = re.compile(r"[^\S\n\r\t]{2,}")  # two or more spaces of any kind (a newline is escaped anyway)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, strings) with every lone surrogate in its strings
+    replaced by U+FFFD: one ``"\\ud800"`` in a notebook or a printed ``chr(0xD800)`` would
+    otherwise stop whatever writes it as UTF-8 (nbformat, nbgrader's checksums, a report)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if not isinstance(value, (dict, list)):
+        return value
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, item in list(items):
+            if isinstance(item, str):
+                if _SURROGATE.search(item):
+                    node[key] = _SURROGATE.sub("\ufffd", item)
+            elif isinstance(item, (dict, list)):
+                stack.append(item)
+            if isinstance(node, dict) and isinstance(key, str) and _SURROGATE.search(key):
+                node[_SURROGATE.sub("\ufffd", key)] = node.pop(key)
+    return value
 
 
 # ---------------------------------------------------------------------------
@@ -127,6 +155,17 @@ def same_student_key(student: str) -> str:
     """Ids with the same key are one student to a case-insensitive file system (and to a
     person reading the list): ``Alice`` and ``alice``."""
     return unicodedata.normalize("NFKC", student).casefold()
+
+
+_LOOKALIKE = str.maketrans({"i": "l", "1": "l", "0": "o"})
+
+
+def looks_like(student: str) -> str:
+    """Ids with the same skeleton look alike to a reader though they differ (``alice`` and
+    ``aIice``, ``bo0`` and ``boo``): case folded, then the letters and digits most often
+    taken for each other folded together (``I l 1``, ``O 0``), ``rn`` as ``m`` and ``vv`` as
+    ``w``."""
+    return same_student_key(student).translate(_LOOKALIKE).replace("rn", "m").replace("vv", "w")
 
 
 def student_id(raw: str, limits: IntakeLimits = IntakeLimits()) -> str:
@@ -304,6 +343,7 @@ def read_notebook(data: bytes, name: str, limits: IntakeLimits = IntakeLimits())
         raw = json.loads(text)
     except RecursionError:
         raise ValueError(f"nested more than {limits.json_depth} levels deep") from None
+    raw = scrub(raw)  # lone surrogates ("\\ud800") cannot be written back as UTF-8
     version = raw.get("nbformat") if isinstance(raw, dict) else None
     if not isinstance(version, int) or isinstance(version, bool):
         raise TypeError("it is JSON but not a Jupyter notebook (no nbformat version)")

@@ -122,28 +122,49 @@ def sanitize(fragment: str) -> str:
                      clean_content_tags={"script", "style"}, strip_comments=True)
 
 
+MAX_FORMULAS = 2_000  # formulas turned into MathML on one page; the rest are shown as TeX
+MAX_SOURCE_SHOWN = 500_000  # characters of one cell shown on a page
+MAX_FORMULA_CHARS = 2_000
+MAX_MATHML_CHARS = 40_000
+_MACRO = re.compile(r"\\(def|gdef|edef|xdef|newcommand|renewcommand|providecommand|let|DeclareMathOperator)\b")
+
+
 def tex_to_mathml(tex: str, display: bool) -> str:
     """MathML for a TeX formula (cleaned by :func:`sanitize` with the rest of the page), or
-    the TeX shown as code when it cannot be converted."""
+    the TeX shown as code when it cannot be converted, is too long, defines macros (which
+    latex2mathml expands: a few bytes of ``\\def`` can become megabytes) or converts to
+    more than ``MAX_MATHML_CHARS``."""
     import html
 
     from latex2mathml.converter import convert
 
+    as_code = f"<code>{html.escape(tex)}</code>"
+    if len(tex) > MAX_FORMULA_CHARS or _MACRO.search(tex):
+        return as_code
     try:
         mathml = convert(tex, display="block" if display else "inline")
     except Exception:  # any TeX a student wrote
-        return f"<code>{html.escape(tex)}</code>"
-    return sanitize(mathml)
+        return as_code
+    return sanitize(mathml) if len(mathml) <= MAX_MATHML_CHARS else as_code
 
 
 _MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$(?![\s$])([^$\n]+?)(?<![\s\\])\$", re.S)
 
 
-def render_math(source: str) -> str:
-    """Markdown whose ``$...$`` and ``$$...$$`` formulas are MathML (offline: no MathJax)."""
+def render_math(source: str, budget: list[int] | None = None) -> str:
+    """Markdown whose ``$...$`` and ``$$...$$`` formulas are MathML (offline: no MathJax), as
+    many as ``budget[0]`` allows (default :data:`MAX_FORMULAS`; a page shares one budget);
+    the others stay TeX."""
     if "$" not in source:
         return source
-    return _MATH.sub(lambda m: tex_to_mathml(m.group(1) or m.group(2), m.group(1) is not None), source)
+    budget = budget if budget is not None else [MAX_FORMULAS]
+
+    def one(m: re.Match) -> str:
+        if budget[0] <= 0:
+            return m.group(0)
+        budget[0] -= 1
+        return tex_to_mathml(m.group(1) or m.group(2), m.group(1) is not None)
+    return _MATH.sub(one, source)
 
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
@@ -163,12 +184,15 @@ def attachment_image(attachment: Any) -> str | None:
     return None
 
 
-def _renderer(attachments: dict):
+def _renderer(attachments: dict, raw_urls: bool = False):
     import html
 
     from nbconvert.filters.markdown_mistune import IPythonRenderer
 
     class Renderer(IPythonRenderer):
+        def safe_url(self, url: str) -> str:  # (raw_urls: show the check every address as it comes out)
+            return url if raw_urls else super().safe_url(url)
+
         """nbconvert's renderer, with pasted images resolved here (a missing one is a note,
         not an error that loses the page) and no other image embedded from anywhere."""
 
@@ -183,13 +207,14 @@ def _renderer(attachments: dict):
     return Renderer(escape=False, attachments={}, exclude_anchor_links=True)
 
 
-def markdown_html(source: str, attachments: dict | None = None) -> str:
-    """A student's markdown as safe HTML: math as MathML, markdown rendered as nbconvert
-    renders it (pasted images from ``attachments`` embedded), then :func:`sanitize`."""
+def markdown_html(source: str, attachments: dict | None = None, budget: list[int] | None = None) -> str:
+    """A student's markdown as safe HTML: math as MathML (within ``budget``, see
+    :func:`render_math`), markdown rendered as nbconvert renders it (pasted images from
+    ``attachments`` embedded), then :func:`sanitize`."""
     from nbconvert.filters.markdown_mistune import MarkdownWithMath
 
     renderer = _renderer(attachments if isinstance(attachments, dict) else {})
-    return sanitize(MarkdownWithMath(renderer=renderer).render(render_math(str(source))))
+    return sanitize(MarkdownWithMath(renderer=renderer).render(render_math(str(source), budget)))
 
 
 def with_csp(page: str) -> str:
@@ -219,7 +244,13 @@ class SafeHTMLExporter(_exporter_base()):
         text (nbconvert would put a raw cell marked text/html into the page as it is)."""
         import copy
         nb = copy.deepcopy(nb)
+        self._formulas = [MAX_FORMULAS]  # one page, one budget of formulas
         for cell in nb.cells:
+            source = cell.get("source", "")
+            source = "".join(source) if isinstance(source, list) else str(source)
+            if len(source) > MAX_SOURCE_SHOWN:
+                cell["source"] = source[:MAX_SOURCE_SHOWN] + \
+                    f"\n\n… ({len(source) - MAX_SOURCE_SHOWN:,} more characters not shown: open the notebook)"
             meta = cell.get("metadata", {}).get("nbgrader")
             if isinstance(meta, dict) and not re.fullmatch(r"[A-Za-z0-9_\-]{1,100}", str(meta.get("grade_id", "x"))):
                 del cell["metadata"]["nbgrader"]  # templates put grade ids into attributes, unescaped
@@ -234,7 +265,8 @@ class SafeHTMLExporter(_exporter_base()):
     def markdown2html(self, context, source):  # nbconvert's filter signature
         cell = context.get("cell", {})
         attachments = cell.get("attachments", {}) if hasattr(cell, "get") else {}
-        return markdown_html(source, attachments if isinstance(attachments, dict) else {})
+        return markdown_html(source, attachments if isinstance(attachments, dict) else {},
+                             getattr(self, "_formulas", None))
 
     def default_filters(self):
         for name, function in super().default_filters():
@@ -258,6 +290,8 @@ def clean_output(output: Any) -> dict | None:
     JPEG images, errors); None if nothing is left."""
     if not isinstance(output, dict) or output.get("output_type") not in _OUTPUT_TYPES:
         return None
+    from .intake import scrub
+    output = scrub(dict(output))  # a printed lone surrogate cannot be written as UTF-8
     kind = output["output_type"]
     if kind == "stream":
         name, text = output.get("name"), output.get("text")
@@ -291,46 +325,100 @@ def clean_output(output: Any) -> dict | None:
     return clean
 
 
-_CODE_SPAN = re.compile(r"(```.*?```|~~~.*?~~~|`[^`]*`)", re.S)
+# what markdown shows as written (its text is not markup): fenced and indented code, code
+# spans (a backtick after a backslash opens none), display and inline math
+_PROTECTED = re.compile(
+    r"(?:^(?P<fence>`{3,}|~{3,})[^\n]*\n.*?(?:^(?P=fence)[ \t]*$|\Z))"
+    r"|(?:(?:^(?: {4}|\t)[^\n]*(?:\n|\Z))+)"
+    r"|(?:\$\$.+?\$\$)"
+    r"|(?:(?<![\\$])\$(?![\s$])[^$\n]+?(?<![\s\\])\$)"
+    r"|(?:(?<!\\)(?P<ticks>`+)(?!`).+?(?<!`)(?P=ticks)(?!`))",
+    re.S | re.M)
+_DESTINATION = re.compile(r"(\]\(\s*<?|^[ ]{0,3}\[[^\]\n]+\]:[ \t]*<?)([^\s)>]*)", re.M)
+_ALLOWED_LINK = re.compile(r"(?:https?|mailto|attachment|blocked-remote-image):|[^:]*$|[^:]*[/?#]", re.I)
+_REMOTE_IMAGE = re.compile(r"(!\[[^\]\n]*\]\(\s*<?)(?!attachment:)(?=[A-Za-z][\w+.-]*:|//)")
 _SCHEME = re.compile(r"(javascript|vbscript|data|file)\s*:", re.I)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _MARKDOWN_TAGS = {"p", "code", "pre", "em", "strong", "a", "ul", "ol", "li", "blockquote", "hr", "br", "img", "del",
                   "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"}
 _TAG = re.compile(r"<\s*/?\s*([A-Za-z][\w:-]*)([^>]*)>")
-_SAFE_ATTRIBUTES = re.compile(r'^(\s+(href|src|alt|title|class|align|start)="[^"<>]*")*\s*/?$')
+_ATTRIBUTE = re.compile(r'\s+([\w:-]+)="([^"<>]*)"')
 
 
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def clean_markdown(text: str) -> str:
-    """A student's markdown for the autograded notebook: HTML outside code is escaped (a
-    person grading it sees what was written, as text), script-like link schemes are
-    disabled. (The pages that show it clean their HTML again: :func:`markdown_html`.)
+def _markup_ok(tag: str, attributes: str) -> bool:
+    """An element markdown itself makes, with only the attributes it gives (links to web and
+    mail addresses or anchors, images only pasted or with their address blocked)."""
+    tag = tag.lower()
+    if tag not in _MARKDOWN_TAGS or _ATTRIBUTE.sub("", attributes).strip(" /"):
+        return False
+    for name, value in _ATTRIBUTE.findall(attributes):
+        if name == "href" and tag == "a" and not _SCHEME.search(value):
+            continue
+        if name in ("alt", "title") or (name == "id" and tag[0] == "h") or (name == "align" and tag in ("td", "th")):
+            continue
+        if name == "start" and tag == "ol" or name == "class" and tag == "code" and re.fullmatch(r"language-[\w+-]+", value):
+            continue
+        if name == "src" and tag == "img" and value.startswith(("attachment:", "blocked-remote-image:")):
+            continue
+        return False
+    return True
 
-    Code spans keep their text (`<bos>` stays readable) only if nbconvert's renderer then
-    makes nothing but markdown's own elements: escaped backticks or backticks in a link
-    can make a guess at the spans wrong, and then everything is escaped."""
-    parts = _CODE_SPAN.split(text)
-    for i in range(0, len(parts), 2):  # the even parts are outside code
-        parts[i] = _SCHEME.sub(r"\1-blocked:", _escape(parts[i]))
-    cleaned = _CONTROL.sub("", "".join(parts))
+
+def _safe_destinations(text: str) -> str:
+    """Every link and image address of markdown text blocked unless, with its entities decoded
+    (renderers decode them, twice over), it is a web, mail or pasted-image address or a
+    relative one."""
+    import html
+    import urllib.parse
+
+    def one(m: re.Match) -> str:
+        address = m.group(2)
+        decoded = address
+        for _ in range(3):
+            decoded = html.unescape(decoded)
+        decoded = re.sub(r"[\x00-\x20\x7f]", "", urllib.parse.unquote(decoded))
+        if _ALLOWED_LINK.match(decoded):
+            return m.group(0)
+        return m.group(1) + "blocked-link:" + urllib.parse.quote(decoded, safe="")
+    return _DESTINATION.sub(one, text)
+
+
+def clean_markdown(text: str) -> str:
+    """A student's markdown for the autograded notebook, which a person grading it reads (in
+    Formgrader, or opened in JupyterLab): HTML outside code and math is escaped (it shows as
+    the text that was written), links to script-like schemes are disabled, and images from
+    an address are not fetched (a pasted image is kept). Code, code spans and math are left
+    exactly as written (``$d_k > 64$``, ``if i < j:``). (The pages that show it clean their
+    HTML again: :func:`markdown_html`.)
+
+    The result is rendered as nbconvert renders it, and kept only if that makes nothing but
+    markdown's own elements; otherwise everything is escaped."""
+    text = _CONTROL.sub("", text)
+    parts, last = [], 0
+    for m in _PROTECTED.finditer(text):
+        parts += [("text", text[last:m.start()]), ("code", m.group(0))]
+        last = m.end()
+    parts.append(("text", text[last:]))
+    cleaned = "".join(_safe_destinations(_REMOTE_IMAGE.sub(r"\1blocked-remote-image:", _escape(t)))
+                      if kind == "text" else t for kind, t in parts)
     from nbconvert.filters.markdown_mistune import MarkdownWithMath
     try:  # (pasted images render as a note here: only the markup is being checked)
-        rendered = MarkdownWithMath(renderer=_renderer({})).render(cleaned)
+        rendered = MarkdownWithMath(renderer=_renderer({}, raw_urls=True)).render(cleaned)
     except Exception:  # whatever the renderer makes of it, the text stays text
         rendered = "<unreadable>"
-    for name, attributes in _TAG.findall(rendered):
-        if name.lower() not in _MARKDOWN_TAGS or not _SAFE_ATTRIBUTES.match(attributes) \
-                or _SCHEME.search(attributes):
-            return _CONTROL.sub("", _SCHEME.sub(r"\1-blocked:", _escape(text)))
-    return cleaned
+    if all(_markup_ok(tag, attributes) for tag, attributes in _TAG.findall(rendered)):
+        return cleaned
+    return _SCHEME.sub(r"\1-blocked:", _escape(text))
 
 
-def clean_attachments(attachments: Any, max_bytes: int = 4 * 2**20) -> dict:
+def clean_attachments(attachments: Any, max_bytes: int = 24 * 2**20) -> dict:
     """A markdown cell's pasted images as the autograded notebook keeps them: PNG, JPEG,
-    GIF and WebP only (no SVG: it can carry script), valid base64, ``max_bytes`` in all."""
+    GIF and WebP only (no SVG: it can carry script), valid base64, ``max_bytes`` in all (more
+    than a notebook may hold: an honest photo of a derivation is kept)."""
     kept, used = {}, 0
     for name, attachment in (attachments.items() if isinstance(attachments, dict) else []):
         src = attachment_image(attachment)
@@ -345,7 +433,8 @@ def clean_attachments(attachments: Any, max_bytes: int = 4 * 2**20) -> dict:
 def clean_text(text: str) -> str:
     """A message from the student's side (an exception's text), without control or
     bidirectional characters, for the records that status, export and pages read."""
-    return _CONTROL.sub("", str(text))
+    from .intake import scrub
+    return _CONTROL.sub("", scrub(str(text)))
 
 
 def _is_base64(text: str) -> bool:

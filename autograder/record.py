@@ -20,6 +20,7 @@ from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
 from nbformat import NotebookNode
 
 from .course import Course, read_json, write_json_atomic
+from .intake import scrub
 from .prepare import exchange_secret
 from .problems import problem
 
@@ -110,7 +111,8 @@ def write_result(course: Course, gb: Gradebook, task: Task, result: dict | None,
     target = course.autograded_path(s, a, n)
     if target.exists():
         target.unlink()  # never leave an earlier run's notebook behind a failure
-    problems = list(task.problems)
+    result = scrub(result)  # what came from the student's process, writable as UTF-8
+    problems = scrub(list(task.problems))
     record: dict[str, Any] = {"notebook": n, "status": "graded", "cells": [], "seconds": None,
                               "fingerprint": task.fingerprint, "unverified": unverified}
     if result is None or "crash" in result:
@@ -120,7 +122,7 @@ def write_result(course: Course, gb: Gradebook, task: Task, result: dict | None,
         zero_grades(gb, n, a, s, keep=set())
         record["status"] = "failed"
     else:
-        nb = nbformat.reads(result["notebook"], as_version=4)
+        nb = scrub(nbformat.reads(result["notebook"], as_version=4))
         scores = {c["grade_id"]: c["score"] for c in result["cells"]}
         resources = {"nbgrader": {"notebook": n, "assignment": a, "student": s, "db_url": course.db_url},
                      "workbook_scores": scores}

@@ -136,7 +136,8 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
         # the gradebook's students, and those collected but not graded yet (or rejected at collect)
         collected = {a: (set(course.submitted_students(a)),
                          (read_json(course.collect_log_path(a), {}) or {}).get("rejected", {})) for a in assignments}
-        students = sorted({s.id for s in gb.students} | {s for found, _ in collected.values() for s in found})
+        students = sorted({s.id for s in gb.students} | {s for found, rejected in collected.values()
+                                                          for s in (*found, *rejected)})
         header = ["student"] + [n for _, n in notebooks] + ["total"]
         table = [header]
         notes = []

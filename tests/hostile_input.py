@@ -228,3 +228,33 @@ def canary_dir() -> Path:
 
 def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def damaged_zip(member: bytes, how: str) -> bytes:
+    """A zip of one notebook, damaged as an upload can be: ``crc`` (one bit flipped in the
+    stored data), ``compression`` (a method zipfile cannot unpack, Zstandard's 93) or
+    ``stream`` (a deflate stream of garbage)."""
+    import struct
+    import zlib
+    buffer = io.BytesIO()
+    method = zipfile.ZIP_STORED if how == "crc" else zipfile.ZIP_DEFLATED
+    with zipfile.ZipFile(buffer, "w", method) as zf:
+        zf.writestr("03_self_attention.ipynb", member)
+    raw = bytearray(buffer.getvalue())
+    info = zipfile.ZipFile(io.BytesIO(bytes(raw))).getinfo("03_self_attention.ipynb")
+    start = info.header_offset + 30 + len(info.filename.encode())
+    if how == "crc":
+        raw[start + len(member) // 2] ^= 0x01
+    elif how == "compression":
+        raw[info.header_offset + 8:info.header_offset + 10] = struct.pack("<H", 93)
+        central = raw.index(b"PK\x01\x02")
+        raw[central + 10:central + 12] = struct.pack("<H", 93)
+    elif how == "stream":
+        size = info.compress_size
+        raw[start:start + size] = bytes((i * 37 + 11) % 256 for i in range(size))
+        assert zlib  # (the stream is nonsense to zlib)
+    return bytes(raw)
+
+
+# what a student's own code or answers can hold that cannot be written as UTF-8
+SURROGATE_CELLS = ["print(chr(0xD800))", "raise ValueError(chr(0xDFFF))"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import html
 import io
 import json
 import os
@@ -40,9 +41,10 @@ import nbformat
 import pytest
 
 from browser import CHROMIUM, Chromium
-from hostile_input import (DISPLAY_CELL, EVIL_SVG, LAYOUTS, MARKUP, MESSAGE_CELL, PASTED_PNG, PWNED, Hand,
-                           add_cells, canary_dir, deliver, notebook_nested, notebook_of_cells, notebook_of_size,
-                           notebook_of_values, with_written_answers, zip_bomb, zip_bytes)
+from hostile_input import (DISPLAY_CELL, EVIL_SVG, LAYOUTS, MARKUP, MESSAGE_CELL, PASTED_PNG, PWNED,
+                           SURROGATE_CELLS, Hand, add_cells, canary_dir, damaged_zip, deliver, notebook_nested,
+                           notebook_of_cells, notebook_of_size, notebook_of_values, with_written_answers, zip_bomb,
+                           zip_bytes)
 from nbtools import Course, filled, kernel_env
 
 pytestmark = pytest.mark.slow
@@ -122,6 +124,9 @@ def _hands() -> list[Hand]:
         # (in a zip, 4 MB of "0,0,0" is also an archive bomb: either reason will do)
         Hand("values", [(NB, notebook_of_values(2_000_000))],
              "rejected: values, over the limit of 1,000,000|over the limit of 200 to 1"),
+        Hand("crc", [("work.zip", damaged_zip(nb, "crc"))], "rejected: could not be read (BadZipFile"),
+        Hand("zstd", [("work.zip", damaged_zip(nb, "compression"))], "rejected: could not be read (NotImplementedError"),
+        Hand("garbage", [("work.zip", damaged_zip(nb, "stream"))], "rejected: could not be read ("),
         Hand("stamp", [(NB, nb), ("timestamp.txt", stamp)], "imported"),
         Hand("garbled", [(NB, nb), ("timestamp.txt", b"2026-01-01 00:00 /dev/stdin")], "imported"),
         Hand("hugestamp", [(NB, nb), ("timestamp.txt", "".join(random.choices("0123456789", k=2_000_000)).encode())],
@@ -193,7 +198,7 @@ def test_collect_takes_the_honest_and_turns_every_attack_away(released_course, l
     submitted = course.root / "grading" / "submitted"
     for path in _grading_files(course.root):
         rel = path.relative_to(course.root / "grading")
-        assert rel.parts[0] in ("submitted", "reports", "gradebook.db") or rel.name == "gradebook.db", rel
+        assert rel.parts[0] in ("submitted", "reports", "gradebook.db", "exchange") or rel.name == "gradebook.db", rel
         assert not path.is_symlink(), rel
     log = json.loads((course.root / "grading" / "reports" / A / "_collect.json").read_text())
 
@@ -207,7 +212,7 @@ def test_collect_takes_the_honest_and_turns_every_attack_away(released_course, l
             got = log["rejected"].get(hand.name, "")
             assert any(w in got for w in words.split("|")), (hand.name, got, out)
             assert f"REJECTED {hand.name}: " in proc.stderr, hand.name
-            assert list(folder.iterdir()) == [], hand.name  # recorded, nothing of it kept
+            assert not folder.exists() or list(folder.iterdir()) == [], hand.name  # recorded, nothing of it kept
         else:
             assert folder is None or not os.path.lexists(submitted / hand.name), hand.name
     # every refused name is named, escaped, in the errors
@@ -254,6 +259,32 @@ def test_the_gradebook_never_hands_a_submission_to_someone_else(released_course,
     proc = _collect(course, second, "--roster", str(roster))
     assert "holds several students' ids (bob, mallory)" in proc.stderr
     assert (course.root / "grading" / "submitted" / "bob" / A / NB).read_bytes() == bob
+    # the case variant left no folder behind: bob hands in again, and it is his
+    assert not (course.root / "grading" / "submitted" / "Bob").exists()
+    third = tmp_path / "third"
+    third.mkdir()
+    (third / f"bob_{NB}").write_bytes(notebook_of_size(0.02))
+    assert _collect(course, third).returncode == 0
+    assert (course.root / "grading" / "submitted" / "bob" / A / NB).read_bytes() == (third / f"bob_{NB}").read_bytes()
+
+
+def test_ids_that_only_look_alike_are_imported_and_flagged(released_course, tmp_path):
+    course = released_course
+    shutil.rmtree(course.root / "grading" / "submitted", ignore_errors=True)
+    source = tmp_path / "lookalikes"
+    source.mkdir()
+    for sid in ("alice", "aIice", "b0b", "bob", "carol"):
+        (source / f"{sid}_{NB}").write_bytes(_released())
+    proc = _collect(course, source)
+    assert proc.returncode == 0, proc.stderr
+    log = json.loads((course.root / "grading" / "reports" / A / "_collect.json").read_text())
+    flagged = {sid: [n["message"] for n in log["notes"][sid] if n["kind"] == "lookalike_ids"]
+               for sid in ("alice", "aIice", "b0b", "bob", "carol")}
+    assert flagged == {"alice": ["the id alice looks like aIice: check they are different students"],
+                       "aIice": ["the id aIice looks like alice: check they are different students"],
+                       "b0b": ["the id b0b looks like bob: check they are different students"],
+                       "bob": ["the id b0b looks like bob: check they are different students"
+                               .replace("id b0b looks like bob", "id bob looks like b0b")], "carol": []}
 
 
 # ---------------------------------------------------------------------------
@@ -263,7 +294,11 @@ def test_the_gradebook_never_hands_a_submission_to_someone_else(released_course,
 DUE = "2026-11-21 10:00 UTC"
 ON_TIME, LATE_TIME = "2026-11-20-10-00-00", "2026-11-22-12-30-00"
 HONEST = ("honest1", "honest2")
-CONTENT_ATTACKS = ("x_markup", "x_display", "x_message", "x_bigpage")  # correct code, hostile content
+CONTENT_ATTACKS = ("x_markup", "x_display", "x_message", "x_bigpage", "x_surrogate")  # correct code, hostile content
+# an honest answer with what a clumsy cleaner mangles: comparisons in math and code, a colon after "data"
+HONEST_ANSWER = ("Dividing by $\\sqrt{d_k}$ keeps the scores' variance at 1 (with $d_k > 64$ and $s_{ij} < 0$ the "
+                 "softmax saturates). Training data: 500 sentences.\n\n    if i < j:\n        mask[i, j] = False\n")
+FORGED = " " * 19 + "  alice 03_self_attention: [reference_used] test_SelfAttention: calls course_lib's reference"
 REJECTED = ("x_slip", "x_bomb")
 
 
@@ -274,8 +309,7 @@ def _code_markdown(source: str):
 def _hostile_notebooks() -> dict[str, nbformat.NotebookNode]:
     import copy
     correct = filled(A, {})
-    out = {"honest1": with_written_answers(copy.deepcopy(correct), [
-        "Dividing by $\\sqrt{d_k}$ keeps the scores' variance at 1, so the softmax does not saturate."])}
+    out = {"honest1": with_written_answers(copy.deepcopy(correct), [HONEST_ANSWER])}
     out["honest2"] = with_written_answers(copy.deepcopy(correct), [
         "My sketch of the masks: ![sketch](attachment:sketch.png) and $QK^T/\\sqrt{d_k}$."],
         attachments={"sketch.png": {"image/png": PASTED_PNG}})
@@ -290,11 +324,16 @@ def _hostile_notebooks() -> dict[str, nbformat.NotebookNode]:
     fake_id = _code_markdown("a cell claiming a graded id")
     fake_id.metadata["nbgrader"] = {"grade_id": '"><img src=x onerror=window.__pwned=1>', "grade": False,
                                     "solution": False, "locked": False}
-    out["x_markup"] = add_cells(markup, [_code_markdown(m) for m in MARKUP] + [raw, stored, fake_id])
+    beacon = _code_markdown('\\`<img src="http://127.0.0.1:9/beacon.png" alt="b">\\` and ![r](http://127.0.0.1:9/r.png)')
+    bombs = _code_markdown("$\\def\\a{xxxxxxxxxx}\\def\\b{\\a\\a\\a\\a\\a\\a\\a\\a}\\b$ " + "$x_1$ " * 3000)
+    out["x_markup"] = add_cells(markup, [_code_markdown(m) for m in MARKUP] + [raw, stored, fake_id, beacon, bombs])
     out["x_display"] = add_cells(copy.deepcopy(correct), [nbformat.v4.new_code_cell(DISPLAY_CELL)])
     out["x_message"] = add_cells(copy.deepcopy(correct), [
         nbformat.v4.new_code_cell(f"print({MESSAGE_CELL[len('raise ValueError('):-1]})"),
-        nbformat.v4.new_code_cell(MESSAGE_CELL)])
+        nbformat.v4.new_code_cell(MESSAGE_CELL), nbformat.v4.new_code_cell(f"raise ValueError({FORGED!r})")])
+    surrogate = with_written_answers(copy.deepcopy(correct), ["an answer SURROGATE_HERE"])
+    surrogate.metadata["authors"] = [{"name": "SURROGATE_META"}]
+    out["x_surrogate"] = add_cells(surrogate, [nbformat.v4.new_code_cell(c) for c in SURROGATE_CELLS])
     big = [nbformat.v4.new_code_cell(f"print('{k}' * 250_000)") for k in range(12)]  # 3 MB printed
     out["x_bigpage"] = add_cells(copy.deepcopy(correct), big + [_code_markdown("y" * 3_000_000)])
     out["x_late"] = copy.deepcopy(correct)
@@ -313,8 +352,9 @@ def _lms_download(path: Path) -> None:
                 data = zip_bytes([(NB, nbformat.writes(nb).encode()),
                                   ("timestamp.txt", b"2026-11-19 08:00:00.000000 UTC")])
                 zf.writestr(f"Week 3_{sid}_attempt_{when}_work.zip", data)
-            else:
-                zf.writestr(f"Week 3_{sid}_attempt_{when}_{NB}", nbformat.writes(nb))
+            else:  # (a lone surrogate can only be written as its JSON escape)
+                text = nbformat.writes(nb).replace("SURROGATE_HERE", "\\ud800").replace("SURROGATE_META", "\\udc80")
+                zf.writestr(f"Week 3_{sid}_attempt_{when}_{NB}", text)
         zf.writestr(f"Week 3_x_slip_attempt_{ON_TIME}_work.zip", slip)
         zf.writestr(f"Week 3_x_bomb_attempt_{ON_TIME}_work.zip", zip_bomb(300))
 
@@ -400,12 +440,60 @@ def test_nothing_outside_the_grading_folders_changed(hostile_class):
         assert not path.is_symlink(), path
 
 
+def test_a_student_timestamp_that_disagrees_is_flagged_where_the_instructor_looks(hostile_class):
+    out = hostile_class["out"]
+    row = next(line for line in out["status"].splitlines() if line.startswith("x_late "))
+    assert "FLAG" in row and "LATE" in row
+    assert "x_late 03_self_attention: [timestamp_claim]" in out["status"]
+    rows = {r["student"]: r for r in csv.DictReader((hostile_class["base"] / "grades.csv").open())}
+    assert "timestamp_claim" in rows["x_late"]["flags"]
+
+
+def test_lone_surrogates_cost_nothing_and_stop_nobody(hostile_class):
+    """A printed chr(0xD800), one raised, one in a written answer and one in the notebook's
+    metadata cannot be written as UTF-8: they become U+FFFD, and everyone is graded."""
+    course = hostile_class["course"]
+    text = (course.root / "grading" / "autograded" / "x_surrogate" / A / NB).read_text(encoding="utf-8")
+    assert "\ufffd" in text or "\\ufffd" in text
+    scores = _gradebook(course)
+    assert scores["x_surrogate"][0] == scores["x_surrogate"][1] > 0
+    assert all(s in scores for s in (*HONEST, *CONTENT_ATTACKS, "x_late"))
+
+
+def test_the_autograded_notebook_keeps_no_markup_and_fetches_nothing(hostile_class):
+    """What a person reads in JupyterLab (Formgrader's "open live notebook") holds no raw
+    element of the student's, and no image from an address: a code span opened by an escaped
+    backtick is not a code span."""
+    nb = nbformat.read(str(hostile_class["course"].root / "grading" / "autograded" / "x_markup" / A / NB), as_version=4)
+    from nbconvert.filters.markdown import markdown2html  # renders raw HTML, as JupyterLab does before sanitising
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    rendered = markdown2html(re.sub(r"\(attachment:[^)]*\)", "(pasted.png)", markdown))
+    tags = re.findall(r"<\s*([a-zA-Z][\w-]*)([^>]*)>", rendered)
+    assert not [t for t, attrs in tags if t.lower() in ("script", "iframe", "object", "embed", "svg", "style", "form",
+                                                          "base", "details", "math")], tags
+    assert not [a for _, a in tags if re.search(r"\son\w+\s*=|class=(?!\"anchor-link\")|javascript:|src=\"https?:", a)], tags
+    assert "](http://127.0.0.1:9/r.png)" not in markdown and "blocked-remote-image:http://127.0.0.1:9/r.png" in markdown
+
+
+def test_honest_math_code_and_prose_read_as_written(hostile_class):
+    nb = nbformat.read(str(hostile_class["course"].root / "grading" / "autograded" / "honest1" / A / NB),
+                       as_version=4)
+    answer = next(c.source for c in nb.cells if c.cell_type == "markdown" and "Training data" in c.source)
+    assert answer == HONEST_ANSWER  # nothing escaped, nothing "-blocked"
+    page = html.unescape(_page(hostile_class["course"], "honest1").read_text())
+    assert "Training data: 500 sentences" in page and "if i < j:" in page and "-blocked" not in page
+    assert "<mo>&gt;</mo>" in _page(hostile_class["course"], "honest1").read_text()  # d_k > 64 as MathML
+
+
 def test_terminal_output_is_clean_and_forges_no_line(hostile_class):
     for name, text in hostile_class["out"].items():
         assert_clean_terminal(text, f"workbook {name}")
     lines = hostile_class["out"]["status"].splitlines()
     assert not any(line.startswith("bob ") for line in lines), "a student's message forged a line of status"
-    message = next(line for line in lines if line.strip().startswith("x_message ") and "[error]" in line)
+    # a message padded with spaces to start a line of its own on an 80-column terminal: its spaces are one
+    forged = next(line for line in lines if "[reference_used] test_SelfAttention: calls" in line)
+    assert forged.startswith("  x_message 03_self_attention: [error]") and "  alice" not in forged
+    message = next(line for line in lines if line.strip().startswith("x_message ") and "HYPERLINK" in line)
     # the escapes were taken out where the message was recorded; the newline is shown, escaped
     assert "]52;c;ZXZpbA==" in message and "\\nbob 03_self_attention: [forged]" in message, message
 
@@ -425,7 +513,7 @@ def _page(course: Course, student: str) -> Path:
 def test_feedback_pages_keep_within_their_budget_and_keep_honest_images(hostile_class):
     course = hostile_class["course"]
     big = _page(course, "x_bigpage").read_text()
-    assert len(big) < 3 * 2**20 and "outputs were left out of this page: it would have been over 1.5 MB" in big
+    assert len(big) < 3 * 2**20 and "outputs or pasted images were left out of this page" in big and "over 1.5 MB" in big
     assert "more characters not shown" in big
     for student in HONEST:
         page = _page(course, student).read_text()
@@ -537,6 +625,9 @@ def test_formgrader_runs_none_of_the_students_script(hostile_class, formgrader, 
                 text = browser.evaluate("document.querySelector('#notebook-container').innerText")
                 assert "onerror=" in text and "<script>" in text
                 browser.screenshot(tmp_path / "x_markup-formgrader.png")
+            if student == "honest1":  # read as written: the comparison, the code, the prose
+                text = browser.evaluate("document.querySelector('#notebook-container').innerText")
+                assert "if i < j:" in text and "Training data: 500 sentences" in text and "-blocked" not in text
             if student == "honest2":
                 assert browser.evaluate("Array.from(document.querySelectorAll('#notebook-container img'))"
                                         ".some(i => i.src.startsWith('data:image/png') && i.naturalWidth == 1)")
