@@ -212,12 +212,12 @@ def test_the_memory_check_cannot_be_talked_out_of_by_the_student_process():
         w = np.exp(s - s.max(-1, keepdims=True))
         return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ np.asarray(v.detach())).to(q.dtype)
 
-    forged = dict(calls.__dict__)
-    calls._memory_probe = lambda subject: lambda impl, inputs: {"output": impl(**inputs), "largest": [1]}
+    forged = calls.PROBES["memory"]
+    calls.PROBES["memory"] = lambda subject, impl, inputs, options: {"output": impl(**inputs), "largest": [1]}
     try:
         result = grade(get_spec("sliding_window_attention"), numpy_scores, hidden=True)
     finally:
-        calls._memory_probe = forged["_memory_probe"]
+        calls.PROBES["memory"] = forged
     failed = {r.title: r.message for r in result.results if not r.passed}
     assert set(failed) == {MEMORY_TITLE, "gradients reach q, k and v"}  # numpy also cuts the gradients
     assert "would need 256 GiB" in failed[MEMORY_TITLE]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ... import bahdanau as ref
-from ..calls import Invoke
+from ..calls import Invoke, Probe
 from ..properties import (compare_cases, dtype_name, gradients_reach, masked_keys_ignored, masked_weights_zero,
                           module_case, parameter_shapes, randn, variant, weights_sum_to_one)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -368,8 +368,8 @@ def _attn_spec() -> ItemSpec:
         """The module keeps its own initialisation; h and s require a gradient (a non-finite
         gradient counts as one: masked rows are judged by the other sub-checks)."""
         case = hidden[0]
-        inputs = {**case.make(trial.device), "state": None, "_grads": {"names": ["h", "s"]}}
-        out = trial.student(inputs, case.label, probe="gradients")
+        inputs = {**case.make(trial.device), "state": None}
+        out = trial.student(inputs, case.label, probe=Probe("gradients", {"names": ["h", "s"]}))
         if not isinstance(out, dict) or not out.get("connected"):
             raise CheckFailed(f"On {case.label}: the context is not connected to the autograd graph "
                               "(did you use .detach(), .item() or torch.no_grad()?).")
