@@ -350,3 +350,19 @@ def test_pass_or_fail_only_skips_the_mistake_search():
     assert [r.earned for r in named.results] == [r.earned for r in plain.results] == [0]
     assert "Likely cause" in named.results[0].message and "Likely cause" not in plain.results[0].message
     assert named.results[0].message.split("\n")[0] == plain.results[0].message.split("\n")[0]
+
+
+def test_a_seed_outside_a_running_check_is_an_error():
+    """An input seeded when a spec is built (at import) would be the same for every grading,
+    salt or not: seed() is an error outside a running check, and per-grading inside one."""
+    from course_lib.grading.properties import seed
+    from course_lib.grading.runner import salted
+
+    with pytest.raises(RuntimeError, match="outside a running check"):
+        seed(901)
+    with salted(0):
+        assert seed(901) == 901  # a notebook's own inputs
+    with salted(7):
+        first = seed(901)
+    with salted(31337):
+        assert seed(901) != first

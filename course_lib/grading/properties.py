@@ -37,6 +37,14 @@ def seed(value: int) -> int:
     return (value * 1_000_003 + salt * 7_919) % (2**62)
 
 
+def sample_inputs(make: Callable[[torch.device], dict]) -> dict:
+    """What ``make`` builds, on the CPU and unsalted, for describing a case when its spec is
+    built (the shapes and masks a label names do not depend on a grading's salt)."""
+    from .runner import salted
+    with salted(0):
+        return make(torch.device("cpu"))
+
+
 def generator(value: int) -> torch.Generator:
     """A CPU generator seeded with :func:`seed` ``(value)``."""
     return torch.Generator().manual_seed(seed(value))

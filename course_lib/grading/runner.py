@@ -44,12 +44,18 @@ __all__ = ["Trial", "SubResult", "ItemResult", "Score", "grade", "check", "forma
 # The salt: grading inputs that cannot be known in advance
 # ---------------------------------------------------------------------------
 
-_SALT: contextvars.ContextVar[int] = contextvars.ContextVar("grading_salt", default=0)
+_SALT: contextvars.ContextVar[int | None] = contextvars.ContextVar("grading_salt", default=None)
 
 
 def current_salt() -> int:
-    """The salt of the check being run (0 in a notebook: the inputs students see)."""
-    return _SALT.get()
+    """The salt of the check being run (0 in a notebook: the inputs students see). Outside a
+    running check there is none: an input made then (when a spec is built, at import) would
+    be the same for every grading, so asking is an error."""
+    salt = _SALT.get()
+    if salt is None:
+        raise RuntimeError("a grading seed was asked for outside a running check: make seeded inputs in a "
+                           "Case's make() (called while the check runs), not when the spec is built")
+    return salt
 
 
 @contextlib.contextmanager
