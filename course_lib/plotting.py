@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 
 __all__ = ["attention_heatmap", "mask_image", "cost_curves", "cost_comparison", "to_numpy",
            "gradient_norms_vs_distance", "per_position_accuracy", "accuracy_vs_length", "alignment_heatmap",
-           "recurrence_timing"]
+           "recurrence_timing", "show_image", "attention_over_image", "mask_outline", "similarity_grid"]
 
 
 def to_numpy(x) -> np.ndarray:
@@ -198,3 +198,74 @@ def recurrence_timing(lengths: Sequence[int], sequential: Sequence[float], paral
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     return ax
+
+
+# ---------------------------------------------------------------------------
+# Images (notebook 10)
+# ---------------------------------------------------------------------------
+
+def _hwc(image) -> np.ndarray:
+    """An image ``(C, H, W)`` (tensor or array, values in [0, 1]) as ``(H, W, C)`` for imshow."""
+    x = to_numpy(image)
+    return np.clip(np.transpose(x, (1, 2, 0)) if x.ndim == 3 else x, 0, 1)
+
+
+def show_image(image, ax: Axes | None = None, title: str = "", fontsize: int = 8) -> Axes:
+    """An RGB image ``(3, H, W)`` without axes, with an optional title."""
+    ax = ax or plt.subplots(figsize=(2, 2))[1]
+    ax.imshow(_hwc(image), interpolation="nearest")
+    ax.set_title(title, fontsize=fontsize)
+    ax.axis("off")
+    return ax
+
+
+def attention_over_image(image, weights, ax: Axes | None = None, title: str = "", strength: float = 0.75,
+                         fontsize: int = 8) -> Axes:
+    """The image ``(3, H, W)`` dimmed where an attention map ``weights`` (a ``(H', W')`` grid, or
+    ``(L,)`` for a square grid) is low: the map is upsampled smoothly to the image's size and
+    scaled so that its largest weight shows the image at full brightness (Xu et al.'s figures).
+    ``strength`` is how dark the unattended parts get."""
+    ax = ax or plt.subplots(figsize=(2, 2))[1]
+    img = _hwc(image)
+    H, W = img.shape[:2]
+    w = torch.as_tensor(to_numpy(weights), dtype=torch.float32)
+    if w.dim() == 1:
+        side = int(round(w.numel() ** 0.5))
+        w = w.reshape(side, side)
+    up = torch.nn.functional.interpolate(w[None, None], size=(H, W), mode="bilinear", align_corners=False)[0, 0]
+    up = (up / up.max().clamp_min(1e-12)).clamp(0, 1).numpy()
+    light = (1 - strength) + strength * up
+    ax.imshow(img * light[..., None], interpolation="bilinear")
+    ax.set_title(title, fontsize=fontsize)
+    ax.axis("off")
+    return ax
+
+
+def mask_outline(mask, ax: Axes, color: str = "white", linewidth: float = 1.0) -> Axes:
+    """Draw the outline of a boolean pixel mask ``(H, W)`` on ``ax`` (over an image)."""
+    m = to_numpy(mask).astype(float)
+    if m.any():
+        ax.contour(m, levels=[0.5], colors=[color], linewidths=linewidth)
+    return ax
+
+
+def similarity_grid(similarity, fig=None, title: str = "cosine similarity of position embeddings"):
+    """The ViT paper's figure: ``similarity (gh, gw, gh, gw)``, one small map per patch (row r,
+    column c of the figure is patch (r, c)'s similarity with every patch). Returns the figure."""
+    sim = to_numpy(similarity)
+    gh, gw = sim.shape[:2]
+    fig = fig or plt.figure(figsize=(0.9 * gw + 1.2, 0.9 * gh + 0.6))
+    axes = fig.subplots(gh, gw, squeeze=False)
+    image = None
+    for r in range(gh):
+        for c in range(gw):
+            image = axes[r, c].imshow(sim[r, c], vmin=-1, vmax=1, cmap="viridis")
+            axes[r, c].set_xticks([])
+            axes[r, c].set_yticks([])
+            if c == 0:
+                axes[r, c].set_ylabel(f"row {r}", fontsize=8)
+            if r == gh - 1:
+                axes[r, c].set_xlabel(f"col {c}", fontsize=8)
+    fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.04, pad=0.03, label="cosine similarity")
+    fig.suptitle(title, fontsize=10)
+    return fig
