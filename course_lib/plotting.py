@@ -249,23 +249,26 @@ def mask_outline(mask, ax: Axes, color: str = "white", linewidth: float = 1.0) -
     return ax
 
 
-def similarity_grid(similarity, fig=None, title: str = "cosine similarity of position embeddings"):
-    """The ViT paper's figure: ``similarity (gh, gw, gh, gw)``, one small map per patch (row r,
-    column c of the figure is patch (r, c)'s similarity with every patch). Returns the figure."""
+def similarity_grid(similarity, ax: Axes | None = None, title: str = "cosine similarity of position embeddings"
+                    ) -> Axes:
+    """The ViT paper's figure: ``similarity (gh, gw, gh, gw)``, one small map per patch laid out on
+    the grid (the map at row r, column c is patch (r, c)'s similarity with every patch), drawn as
+    one mosaic with gaps between the maps."""
     sim = to_numpy(similarity)
     gh, gw = sim.shape[:2]
-    fig = fig or plt.figure(figsize=(0.9 * gw + 1.2, 0.9 * gh + 0.6))
-    axes = fig.subplots(gh, gw, squeeze=False)
-    image = None
+    mosaic = np.full((gh * (gh + 1) - 1, gw * (gw + 1) - 1), np.nan)
     for r in range(gh):
         for c in range(gw):
-            image = axes[r, c].imshow(sim[r, c], vmin=-1, vmax=1, cmap="viridis")
-            axes[r, c].set_xticks([])
-            axes[r, c].set_yticks([])
-            if c == 0:
-                axes[r, c].set_ylabel(f"row {r}", fontsize=8)
-            if r == gh - 1:
-                axes[r, c].set_xlabel(f"col {c}", fontsize=8)
-    fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.04, pad=0.03, label="cosine similarity")
-    fig.suptitle(title, fontsize=10)
-    return fig
+            mosaic[r * (gh + 1):r * (gh + 1) + gh, c * (gw + 1):c * (gw + 1) + gw] = sim[r, c]
+    ax = ax or plt.subplots(figsize=(4, 4))[1]
+    image = ax.imshow(mosaic, vmin=-1, vmax=1, cmap="viridis", interpolation="nearest")
+    ax.set_xticks([c * (gw + 1) + (gw - 1) / 2 for c in range(gw)], [str(c) for c in range(gw)])
+    ax.set_yticks([r * (gh + 1) + (gh - 1) / 2 for r in range(gh)], [str(r) for r in range(gh)])
+    ax.set_xlabel("patch column")
+    ax.set_ylabel("patch row")
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="cosine similarity")
+    ax.set_title(title, fontsize=10)
+    return ax

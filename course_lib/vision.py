@@ -11,7 +11,8 @@ for captioning, the doubly stochastic regulariser, attention rollout and pointin
 - :func:`doubly_stochastic_penalty`: ``Σ_i (1 − Σ_t α_ti)²``, over the real steps;
 - :func:`attention_rollout`: Abnar & Zuidema (2020), attention followed through the layers;
 - :func:`pointing_accuracy`: how often an attention map's peak lies on the object its word names;
-- helpers: :func:`patch_grid`, :func:`patch_labels`, :func:`position_similarity`.
+- helpers: :func:`patch_grid`, :func:`patch_labels`, :func:`position_similarity`,
+  :func:`similarity_and_distance`.
 
 Images are ``(B, C, H, W)``; ``image_size`` is an int for a square image or a pair ``(H, W)``,
 and H and W must be multiples of the patch size ``P`` (else ``ValueError``).
@@ -27,7 +28,7 @@ from torch import Tensor, nn
 
 __all__ = ["patchify", "unpatchify", "PatchEmbedding", "VisualAttention", "doubly_stochastic_penalty",
            "attention_rollout", "pointing_accuracy", "patch_grid", "patch_labels", "position_similarity",
-           "HEAD_FUSIONS"]
+           "similarity_and_distance", "HEAD_FUSIONS"]
 
 HEAD_FUSIONS = ("mean", "max")
 
@@ -217,3 +218,16 @@ def position_similarity(pos_embed: Tensor, grid: Sequence[int]) -> Tensor:
         raise ValueError(f"{p.size(0)} patch positions do not fill a {gh}x{gw} grid")
     p = F.normalize(p.float(), dim=-1)
     return (p @ p.T).reshape(gh, gw, gh, gw)
+
+
+def similarity_and_distance(pos_embed: Tensor, grid: Sequence[int]) -> float:
+    """How much learned positions reflect the grid: the correlation, over every pair of distinct
+    patches, between the cosine similarity of their position embeddings and their closeness on
+    the grid (minus the Euclidean distance between their (row, column)). Near 0 for random
+    embeddings; positive when nearby patches have similar positions."""
+    gh, gw = grid
+    sim = position_similarity(pos_embed, grid).reshape(gh * gw, gh * gw)
+    rc = torch.tensor([(r, c) for r in range(gh) for c in range(gw)], dtype=torch.float32)
+    closeness = -torch.cdist(rc, rc)
+    pairs = ~torch.eye(gh * gw, dtype=torch.bool)
+    return float(torch.corrcoef(torch.stack([sim[pairs].cpu(), closeness[pairs]]))[0, 1])

@@ -7,8 +7,9 @@ the training loop, accuracy, the attention of every layer and attention rollout 
   (:class:`~course_lib.transformer.Encoder`), a LayerNorm and a linear head on [CLS]. With
   ``positions=False`` the position embeddings are zero and frozen: the encoder then sees the
   patches as a set.
-- :class:`SmallCNN`: three convolutions and a linear head on the flattened grid, its width
-  chosen by :func:`cnn_matching` to have about as many parameters as a ViT.
+- :class:`SmallCNN`: the same patches, mixed by 3×3 convolutions instead of attention, and a
+  linear head on the flattened grid, its width chosen by :func:`cnn_matching` to have about as
+  many parameters as a ViT.
 - :func:`train_classifier`, :func:`classifier_accuracy`, :func:`layer_attentions` (the
   ``(B, H, N, N)`` weights of every layer, recorded with forward hooks).
 """
@@ -83,32 +84,36 @@ class VisionTransformer(nn.Module):
 
 
 class SmallCNN(nn.Module):
-    """Three 3×3 convolutions of ``width`` channels with BatchNorm and ReLU (the first two of
-    stride 2) and a linear head on the flattened ``(width, S/4, S/4)`` grid (so that, like the
-    ViT with positions, it knows where things are). Pixels standardised as the ViT's."""
+    """A CNN that starts where the ViT does: a ``P × P`` convolution of stride ``P`` (one vector
+    of ``width`` channels per patch, like the patch embedding), then two 3×3 convolutions over
+    the grid of patches (each BatchNorm, ReLU) and a linear head on the flattened grid (so that,
+    like the ViT with positions, it knows where things are). Pixels standardised as the ViT's."""
 
-    def __init__(self, width: int = 16, image_size: int = 32, in_channels: int = 3, n_classes: int = 4,
-                 pixel_mean: float = 0.0, pixel_std: float = 1.0) -> None:
+    def __init__(self, width: int = 16, image_size: int = 32, patch_size: int = 8, in_channels: int = 3,
+                 n_classes: int = 4, pixel_mean: float = 0.0, pixel_std: float = 1.0) -> None:
         super().__init__()
         self.width = width
         self.pixel_mean, self.pixel_std = float(pixel_mean), float(pixel_std)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(in_channels, width, patch_size, stride=patch_size), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
         )
-        self.head = nn.Linear(width * (image_size // 4) ** 2, n_classes)
+        self.head = nn.Linear(width * (image_size // patch_size) ** 2, n_classes)
 
     def forward(self, images: Tensor) -> Tensor:
         return self.head(self.features((images - self.pixel_mean) / self.pixel_std).flatten(1))
 
 
-def cnn_matching(parameters: int, image_size: int = 32, n_classes: int = 4, **kwargs) -> SmallCNN:
+def cnn_matching(parameters: int, image_size: int = 32, patch_size: int = 8, n_classes: int = 4,
+                 **kwargs) -> SmallCNN:
     """The :class:`SmallCNN` whose parameter count is closest to ``parameters`` (``kwargs``: the
     pixel statistics)."""
-    best = min(range(2, 129), key=lambda w: abs(parameter_count(SmallCNN(w, image_size, n_classes=n_classes))
-                                                - parameters))
-    return SmallCNN(best, image_size, n_classes=n_classes, **kwargs)
+    def size(width: int) -> int:
+        return parameter_count(SmallCNN(width, image_size, patch_size, n_classes=n_classes))
+
+    best = min(range(2, 129), key=lambda w: abs(size(w) - parameters))
+    return SmallCNN(best, image_size, patch_size, n_classes=n_classes, **kwargs)
 
 
 def train_classifier(model: nn.Module, scenes: Scenes, steps: int = 300, batch_size: int = 64, lr: float = 3e-3,

@@ -17,8 +17,8 @@ from torch import nn
 from ... import vision as ref
 from ..calls import Invoke
 from ..compare import describe_difference, fmt_num
-from ..properties import (compare_cases, dtype_name, generator, gradients_reach, layout, module_case,
-                          module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
+from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, layout,
+                          module_case, module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
 from ..runner import LIKELY_CAUSE
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
@@ -500,6 +500,16 @@ PENALTY_MISTAKES = (
 )
 
 
+def _alphas_untouched(trial) -> None:
+    case = _penalty_case(560, 2, 5, 4, (5, 2))
+    _, after = call_and_inspect(trial, case.make(trial.device), ["alphas"], case.label)
+    before, after = case.make(trial.device)["alphas"], after.get("alphas")
+    if not isinstance(after, torch.Tensor) or not torch.equal(after.cpu(), before.cpu()):
+        raise CheckFailed(f"On {case.label}: the `alphas` you were given were changed in place: leave the "
+                          "caller's attention weights as they are (torch.where, or multiply by the mask into a new "
+                          "tensor), the captioner still needs them.")
+
+
 def _scalar(trial) -> None:
     case = _penalty_case(520, 2, 4, 6, (4, 2))
     got = trial.student(case.make(trial.device), case.label)
@@ -516,12 +526,13 @@ def _penalty_spec() -> ItemSpec:
                      compare_cases(_hand_penalty_case(), _penalty_case(500, 3, 5, 8))),
             SubCheck("padded steps left out: a batch with lengths (6, 3, 1)", 1,
                      compare_cases(_penalty_case(510, 3, 6, 9, (6, 3, 1)))),
-            SubCheck("float64, a batch of one, one step, more steps than regions; a 0-dim tensor; gradients reach "
-                     "alphas", 1,
+            SubCheck("float64, a batch of one, one step, more steps than regions; a 0-dim tensor; alphas left as "
+                     "they were; gradients reach alphas", 1,
                      lambda t: (t.compare([_penalty_case(530, 1, 1, 4, dtype=f64), _penalty_case(540, 2, 12, 5, (12, 7),
                                                                                               f64)]),
-                                _scalar(t), gradients_reach(t, _penalty_case(550, 2, 3, 4, (3, 2), f64), ("alphas",),
-                                                            None)), hidden=True),
+                                _scalar(t), _alphas_untouched(t),
+                                gradients_reach(t, _penalty_case(550, 2, 3, 4, (3, 2), f64), ("alphas",), None)),
+                     hidden=True),
         ),
     )
 
