@@ -226,3 +226,12 @@ def test_a_patch_embedding_without_a_value_error_loses_the_point():
     result = grade(get_spec("PatchEmbedding"), Quiet, hidden=True)
     failed = [r for r in result.results if not r.passed]
     assert len(failed) == 1 and "was built without complaint" in failed[0].message
+
+
+@pytest.mark.parametrize("item,mistake", MISTAKES, ids=[f"{n}-{m.name}" for n, m in MISTAKES])
+def test_a_mistake_earns_the_same_points_whatever_the_salt(item, mistake):
+    """Every student's hidden inputs differ (the salt): a catalogued mistake must not be lucky on
+    some of them, so that two students with the same mistake get the same points."""
+    spec = get_spec(item)
+    points = {grade(spec, mistake.impl, hidden=True, salt=salt).earned for salt in (1, 2, 3, 1009, 65537)}
+    assert len(points) == 1, points

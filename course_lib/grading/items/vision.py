@@ -661,7 +661,9 @@ def _pointing_inputs(seed: int, W: int, grid: tuple[int, int], none_every: int =
     masks = torch.rand(W, L, generator=g) < 0.3
     # the peak lands in the mask for some words, outside it for others
     peak = maps.argmax(dim=1)
-    hit = torch.rand(W, generator=g) < 0.5
+    hit = torch.rand(W, generator=g) < 0.65
+    # the lowest weight says the opposite of the peak (with ties, the same: there the last peak does)
+    masks[rows, maps.argmin(dim=1)] = hit if ties else ~hit
     masks[rows, peak] = hit
     if other is not None:  # the other maximum decides the opposite
         last = torch.maximum(top, other)
@@ -689,27 +691,27 @@ def _pointing_case(seed: int, W: int, grid=(4, 4), **options) -> Case:
     return Case(f"{W} words as {kind}, maps over {shape}{ties}", make)
 
 
-def _hand_pointing_case() -> Case:
+def _hand_pointing_case(dtype: torch.dtype = f32) -> Case:
     def make(device):
         t = lambda *v: torch.tensor(v, device=device)  # noqa: E731
-        maps = [t(0.1, 0.7, 0.2), t(0.6, 0.3, 0.1), t(0.2, 0.2, 0.6), t(0.3, 0.3, 0.4)]
+        maps = [t(0.1, 0.7, 0.2), t(0.6, 0.3, 0.1), t(0.2, 0.2, 0.6), t(0.3, 0.2, 0.5)]
         masks = [t(False, True, True), t(False, True, False), None, t(True, False, False)]
-        return {"alpha_maps": maps, "object_masks": masks}
+        return {"alpha_maps": [m.to(dtype) for m in maps], "object_masks": masks}
 
-    return Case("the hand example: 4 words over 3 regions, peaks at 1, 0, 2, 2; masks {1, 2}, {1}, None, {0} "
-                "(1 of 3 counted words on target)", make)
+    return Case(f"the hand example ({dtype_name(dtype)}): 4 words over 3 regions, peaks at 1, 0, 2, 2; masks {{1, 2}}, "
+                "{1}, None, {0} (1 of 3 counted words on target)", make)
 
 
-def _grid_pointing_case() -> Case:
+def _grid_pointing_case(dtype: torch.dtype = f32) -> Case:
     def make(device):
         maps = torch.tensor([[[0.1, 0.5, 0.2], [0.0, 0.1, 0.1]], [[0.2, 0.1, 0.0], [0.4, 0.1, 0.2]],
-                             [[0.1, 0.2, 0.1], [0.1, 0.05, 0.45]], [[0.3, 0.1, 0.1], [0.2, 0.2, 0.1]]])
+                             [[0.1, 0.2, 0.1], [0.1, 0.05, 0.45]], [[0.3, 0.1, 0.1], [0.2, 0.2, 0.1]]], dtype=dtype)
         masks = torch.zeros(4, 2, 3, dtype=torch.bool)
         masks[0, 0, 1] = masks[1, 1, 0] = masks[2, 1, 2] = masks[2, 0, 2] = masks[3, 0, 0] = True
         return {"alpha_maps": maps.to(device), "object_masks": masks.to(device)}
 
-    return Case("4 words on 2×3 grids as tensors, peaks at (row, column) (0, 1), (1, 0), (1, 2), (0, 0), each "
-                "inside its mask (all on target)", make)
+    return Case(f"4 words on 2×3 grids as tensors ({dtype_name(dtype)}), peaks at (row, column) (0, 1), (1, 0), "
+                "(1, 2), (0, 0), each inside its mask (all on target)", make)
 
 
 def _pointing(pick="first", count_all=False, fraction=True, scale=1.0, transpose=False):
@@ -771,8 +773,9 @@ def _pointing_spec() -> ItemSpec:
                      compare_cases(_pointing_case(710, 15, as_tensors=True), _grid_pointing_case(),
                                    _pointing_case(720, 9, (3, 5), flat=False),
                                    _pointing_case(730, 10, (2, 4), ties=True)), hidden=True),
-            SubCheck("no counted word gives 0.0; float64; grids as tensors", 1,
-                     compare_cases(_pointing_case(740, 4, none_every=1),
+            SubCheck("no counted word gives 0.0; the hand examples in float64; grids as tensors", 1,
+                     compare_cases(_pointing_case(740, 4, none_every=1), _hand_pointing_case(f64),
+                                   _grid_pointing_case(f64),
                                    _pointing_case(750, 8, (4, 3), flat=False, as_tensors=True, dtype=f64)), hidden=True),
         ),
     )
