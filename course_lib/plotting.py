@@ -219,12 +219,14 @@ def show_image(image, ax: Axes | None = None, title: str = "", fontsize: int = 8
     return ax
 
 
-def attention_over_image(image, weights, ax: Axes | None = None, title: str = "", strength: float = 0.75,
-                         fontsize: int = 8) -> Axes:
-    """The image ``(3, H, W)`` dimmed where an attention map ``weights`` (a ``(H', W')`` grid, or
-    ``(L,)`` for a square grid) is low: the map is upsampled smoothly to the image's size and
-    scaled so that its largest weight shows the image at full brightness (Xu et al.'s figures).
-    ``strength`` is how dark the unattended parts get."""
+def attention_over_image(image, weights, ax: Axes | None = None, title: str = "", strength: float = 0.6,
+                         fontsize: int = 8, cmap: str = "inferno", uniform_times: float = 4.0) -> Axes:
+    """An attention map ``weights`` (a ``(H', W')`` grid, or ``(L,)`` for a square grid) over the
+    image ``(3, H, W)``: the map is upsampled smoothly to the image's size and divided by its
+    largest weight, or by ``uniform_times`` the uniform weight 1/L when that is larger (so that a
+    flat map stays dim instead of lighting everything); the image is dimmed by ``strength`` where
+    the map is low, and the map is laid on top as a glow of ``cmap`` colours, opaque where the
+    weight is high (as in Xu et al.'s figures, where the attended part is lit)."""
     ax = ax or plt.subplots(figsize=(2, 2))[1]
     img = _hwc(image)
     H, W = img.shape[:2]
@@ -233,9 +235,11 @@ def attention_over_image(image, weights, ax: Axes | None = None, title: str = ""
         side = int(round(w.numel() ** 0.5))
         w = w.reshape(side, side)
     up = torch.nn.functional.interpolate(w[None, None], size=(H, W), mode="bilinear", align_corners=False)[0, 0]
-    up = (up / up.max().clamp_min(1e-12)).clamp(0, 1).numpy()
-    light = (1 - strength) + strength * up
-    ax.imshow(img * light[..., None], interpolation="bilinear")
+    up = (up / max(float(up.max()), uniform_times / w.numel(), 1e-12)).clamp(0, 1).numpy()
+    ax.imshow(img * ((1 - strength) + strength * up)[..., None], interpolation="bilinear")
+    glow = plt.get_cmap(cmap)(up)
+    glow[..., 3] = 0.55 * up ** 1.5
+    ax.imshow(glow, interpolation="bilinear")
     ax.set_title(title, fontsize=fontsize)
     ax.axis("off")
     return ax
