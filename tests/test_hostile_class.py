@@ -20,6 +20,11 @@ three together as ``h_runner`` in the other notebooks):
   ``importlib.reload``, exec of ``course_lib.__file__``'s source, straight to the
   grader's oracle, and after closing the plan), falling back on the wrong code.
 
+In notebook 10 the attacks reach every item at once: ``h_baseline_every`` hands in a catalogued
+mistake in each item, ``h_liar_every`` and ``h_refcall_every`` the same answers with the lying
+tensors or the hostile reference calls on each item (their private names made the item's own),
+and neither may earn more than ``h_baseline_every`` on any item.
+
 In notebook 03, system-level attackers (the same wrong baseline plus one added cell
 each, placed so that the baseline's points stay computable) read and write the course,
 plant startup files, leave daemons, look for kernels and ports, forge the grading
