@@ -1,11 +1,12 @@
 """Show, Attend and Tell on generated scenes (notebook 10): a small CNN turns an image into a
 grid of annotation vectors, a GRU decoder attends over them at every word.
 
-- :class:`ImageEncoder`: a 4×4 convolution of stride 4 (one vector per 4×4-pixel region) and
-  two 3×3 convolutions, each with BatchNorm, give ``L = (S/4)²`` annotation vectors, each seeing
-  its region and two rings of regions around it (20 pixels across); each also carries its
-  region's ``(x, y)`` in ``[-1, 1]``, so that the context vector says *where* the decoder looked
-  (a relation word needs that);
+- :class:`ImageEncoder`: a 4×4 convolution of stride 4 (one vector per 4×4-pixel region), a 3×3
+  and a 1×1 convolution, each with BatchNorm, give ``L = (S/4)²`` annotation vectors, each seeing
+  its region and the ring of regions around it (12 pixels across; with a wider view, a region
+  next to an object can describe it, and the attention learns to look beside it); each also
+  carries its region's ``(x, y)``, scaled to ``[-3, 3]`` to weigh as much as the features, so
+  that the context vector says *where* the decoder looked (a relation word needs that);
 - :class:`Captioner`: ``h_0 = tanh(W_init mean_i a_i)``. At step t the attention module
   (a :class:`~course_lib.vision.VisualAttention`, the student's or course_lib's) gives
   ``(z_t, α_t)`` from ``h_{t-1}``, the word's scores come from ``[h_{t-1}; z_t]``, and the GRU
@@ -34,35 +35,38 @@ __all__ = ["ImageEncoder", "Captioner", "caption_loss", "train_captioner", "Capt
            "coordinate_channels"]
 
 
-def coordinate_channels(grid: tuple[int, int], batch: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``(batch, gh·gw, 2)``: each region's ``(x, y)`` centre scaled to ``[-1, 1]``, row-major."""
+def coordinate_channels(grid: tuple[int, int], batch: int, dtype: torch.dtype, device: torch.device,
+                        scale: float = 1.0) -> Tensor:
+    """``(batch, gh·gw, 2)``: each region's ``(x, y)`` centre scaled to ``[-scale, scale]``, row-major."""
     gh, gw = grid
     ys = (torch.arange(gh, dtype=dtype, device=device) + 0.5) / gh * 2 - 1
     xs = (torch.arange(gw, dtype=dtype, device=device) + 0.5) / gw * 2 - 1
     xy = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), dim=-1).reshape(gh * gw, 2)
-    return xy.expand(batch, -1, -1)
+    return (scale * xy).expand(batch, -1, -1)
 
 
 class ImageEncoder(nn.Module):
     """``images (B, 3, S, S) -> features (B, L, feature_dim)``, ``L = (S/4)²`` regions in
-    row-major order; the last two features of each region are its ``(x, y)``."""
+    row-major order; the last two features of each region are its ``(x, y)`` in
+    ``[-coordinate_scale, coordinate_scale]``."""
 
-    def __init__(self, feature_dim: int = 34, channels: int = 32) -> None:
+    def __init__(self, feature_dim: int = 34, channels: int = 32, coordinate_scale: float = 3.0) -> None:
         super().__init__()
         if feature_dim < 3:
             raise ValueError("feature_dim must leave room for the two coordinates")
         self.feature_dim = feature_dim
+        self.coordinate_scale = coordinate_scale
         self.convs = nn.Sequential(
             nn.Conv2d(3, channels, 4, stride=4), nn.BatchNorm2d(channels), nn.ReLU(),
             nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-            nn.Conv2d(channels, feature_dim - 2, 3, padding=1), nn.BatchNorm2d(feature_dim - 2), nn.ReLU(),
+            nn.Conv2d(channels, feature_dim - 2, 1), nn.BatchNorm2d(feature_dim - 2), nn.ReLU(),
         )
 
     def forward(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
         maps = self.convs(images)  # (B, D - 2, S/4, S/4)
         B, _, gh, gw = maps.shape
         regions = maps.flatten(2).transpose(1, 2)  # (B, L, D - 2)
-        xy = coordinate_channels((gh, gw), B, regions.dtype, regions.device)
+        xy = coordinate_channels((gh, gw), B, regions.dtype, regions.device, self.coordinate_scale)
         return torch.cat([regions, xy], dim=-1), (gh, gw)
 
 

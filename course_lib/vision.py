@@ -226,8 +226,8 @@ def similarity_and_distance(pos_embed: Tensor, grid: Sequence[int]) -> float:
     the grid (minus the Euclidean distance between their (row, column)). Near 0 for random
     embeddings; positive when nearby patches have similar positions."""
     gh, gw = grid
-    sim = position_similarity(pos_embed, grid).reshape(gh * gw, gh * gw)
+    sim = position_similarity(pos_embed, grid).reshape(gh * gw, gh * gw).cpu()
     rc = torch.tensor([(r, c) for r in range(gh) for c in range(gw)], dtype=torch.float32)
     closeness = -torch.cdist(rc, rc)
     pairs = ~torch.eye(gh * gw, dtype=torch.bool)
-    return float(torch.corrcoef(torch.stack([sim[pairs].cpu(), closeness[pairs]]))[0, 1])
+    return float(torch.corrcoef(torch.stack([sim[pairs], closeness[pairs]]))[0, 1])

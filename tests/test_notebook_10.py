@@ -57,7 +57,11 @@ def test_the_penalty_spreads_the_maps_and_costs_pointing(run):
     assert spread[4] < plain[4]  # the penalty went down: what it asks for
     assert spread[3] > plain[3] + 0.5  # the maps spread out (entropy, at most ln 64 = 4.16)
     assert spread[2] < plain[2] - 5  # and point less often at the object
-    assert spread[0] >= 80 and spread[1] >= 90  # while the captions stay good
+    assert spread[0] <= plain[0]  # what the captions paid
+    # what the notebook says: a nearly flat map still peaks on the object more often than the
+    # baselines, and many captions stay right
+    centre = percent(rf"a map that always peaks at the centre: +{NUM}%", out) * 100
+    assert spread[2] > centre + 10 and spread[0] >= 30 and spread[1] >= 70
     assert all(0 <= r[3] <= 4.16 for r in rows.values())
 
 

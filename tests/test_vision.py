@@ -267,6 +267,10 @@ def test_captioner_shapes_coordinates_and_a_few_steps():
     xy = coordinate_channels((2, 3), 1, torch.float32, torch.device("cpu"))[0]
     torch.testing.assert_close(xy, torch.tensor([[-2 / 3, -0.5], [0, -0.5], [2 / 3, -0.5], [-2 / 3, 0.5], [0, 0.5],
                                                  [2 / 3, 0.5]]))  # (x, y) row by row
+    features, grid = model.encoder(s.images[:2])
+    assert grid == (8, 8) and features.shape == (2, 64, 34)
+    torch.testing.assert_close(features[0, :, -2:], 3 * coordinate_channels(grid, 1, torch.float32,
+                                                                          torch.device("cpu"))[0])
     before = float(caption_loss(model, s[:16]).detach())
     history = train_captioner(model, s, steps=30, batch_size=16, progress=False, penalty=doubly_stochastic_penalty,
                               weight=0.01)
