@@ -67,3 +67,21 @@ SUBMISSIONS = {
 def test_graded_test_cells_print_reports_not_tracebacks(graded):
     assert_reports_not_tracebacks(graded[0], A, "mistakes_b",
                                   ["test_PatchEmbedding", "test_attention_rollout", "test_pointing_accuracy"])
+
+
+def test_the_class_report_names_the_mistakes(graded, tmp_path):
+    """`workbook report` on notebook 10: its items, and each catalogued mistake of the two
+    mistaken students by name."""
+    import json
+
+    course = graded[0]
+    course.workbook("report", A, "-o", str(tmp_path))
+    data = json.loads((tmp_path / "report.json").read_text())
+    assignment = data["assignments"][A]
+    assert {i["item"] for i in assignment["items"]} >= set(ITEMS)
+    named = {(m["item"], m["mistake"]) for m in assignment["mistakes"]}
+    assert {("patchify", "patches flattened channel-last"), ("VisualAttention", "softmax over the batch axis"),
+            ("doubly_stochastic_penalty", "penalty summed over padded steps"),
+            ("PatchEmbedding", "[CLS] appended instead of prepended"),
+            ("attention_rollout", "rollout without the identity"),
+            ("pointing_accuracy", "arg-min instead of arg-max")} <= named
