@@ -20,6 +20,11 @@ three together as ``h_runner`` in the other notebooks):
   ``importlib.reload``, exec of ``course_lib.__file__``'s source, straight to the
   grader's oracle, and after closing the plan), falling back on the wrong code.
 
+In notebook 10 the attacks reach every item at once: ``h_baseline_every`` hands in a catalogued
+mistake in each item, ``h_liar_every`` and ``h_refcall_every`` the same answers with the lying
+tensors or the hostile reference calls on each item (their private names made the item's own),
+and neither may earn more than ``h_baseline_every`` on any item.
+
 In notebook 03, system-level attackers (the same wrong baseline plus one added cell
 each, placed so that the baseline's points stay computable) read and write the course,
 plant startup files, leave daemons, look for kernels and ports, forge the grading
@@ -107,6 +112,9 @@ WRONG = {
     "08_gpt_in_context_learning": _edit("08_gpt_in_context_learning", "GPTBlock", ".tril()", ".tril(-1)"),
     "09_efficient_attention": _edit("09_efficient_attention", "sliding_window_mask", "(distance < window)",
                                     "(distance <= window)"),
+    "10_attention_over_images": _edit("10_attention_over_images", "attention_rollout",
+                                      "step = fused + torch.eye(fused.size(-1), dtype=fused.dtype, device=fused.device)",
+                                      "step = fused"),
 }
 assert set(WRONG) == set(NOTEBOOKS), "a notebook has no hostile class"
 
@@ -365,7 +373,7 @@ RUNNER_ATTACKS = {"h_rebind", "h_display", "h_patch"}
 RUNNER_ATTACKED = {"03_self_attention", "06_transformer"}
 # attacks after which the notebook runs exactly as without them (same points per item); not
 # h_patch: patched comparisons may break the student's own code (06's greedy_decode stops early)
-SAME_POINTS = {"h_rebind", "h_display", "h_liar", "h_exfil"}
+SAME_POINTS = {"h_rebind", "h_display", "h_liar", "h_exfil", "h_liar_every"}
 
 
 def _fill(template: str, a: str, item: str) -> str:
@@ -973,6 +981,31 @@ def _exfil_key(*tensors) -> str:
 
 
 # ---------------------------------------------------------------------------
+# A tamper case on every item (notebook 10): every answer wrong by a catalogued mistake, then
+# the same answers each with its own lying-tensor attack, and each with its own hostile call of
+# course_lib's reference; neither may earn more than the wrong answers on any item
+# ---------------------------------------------------------------------------
+
+EVERY = "10_attention_over_images"
+WRONG_EVERY = dict([
+    _edit(EVERY, "VisualAttention", "alpha = torch.softmax(scores, dim=-1)", "alpha = torch.softmax(scores, dim=0)"),
+    _edit(EVERY, "doubly_stochastic_penalty", "    if mask is not None:\n", "    if False:\n"),
+    _edit(EVERY, "pointing_accuracy", ".argmax())]", ".argmin())]"),
+    _edit(EVERY, "patchify", "permute(0, 2, 4, 1, 3, 5)", "permute(0, 2, 4, 3, 5, 1)"),
+    _edit(EVERY, "unpatchify", "H, W = (image_size, image_size) if isinstance(image_size, int) else image_size",
+          "W, H = (image_size, image_size) if isinstance(image_size, int) else image_size"),
+    _edit(EVERY, "PatchEmbedding", "torch.cat([cls, x], dim=1)", "torch.cat([x, cls], dim=1)"),
+    WRONG[EVERY],
+])
+
+
+def _scoped(source: str, item: str) -> str:
+    """An attack's private names (``_lie``, ``_honest_forward``, ...) made the item's own, so that the
+    attacks on several items of one notebook do not overwrite each other's."""
+    return re.sub(r"(?<![.\w])(_[A-Za-z]\w*)", lambda m: f"{m.group(1)}_{item}", source)
+
+
+# ---------------------------------------------------------------------------
 # The class
 # ---------------------------------------------------------------------------
 
@@ -1032,10 +1065,15 @@ STUDENTS[SYSTEM]["h_exfil"] = _add_cell(
     EXFIL_PRINT.replace("@MARK@", MARK), "end")
 STUDENTS["06_transformer"]["h_baseline_bleu"] = filled("06_transformer", {"bleu": BLEU_NO_CLIP})
 STUDENTS["06_transformer"]["h_nan"] = filled("06_transformer", {"bleu": NAN_BLEU.replace("@MARK@", MARK)})
+STUDENTS[EVERY]["h_baseline_every"] = filled(EVERY, WRONG_EVERY)
+for _sid, _template in (("h_liar_every", LIAR), ("h_refcall_every", REFCALL)):
+    STUDENTS[EVERY][_sid] = filled(EVERY, {_item: _wrong.rstrip("\n") + "\n\n" + _scoped(_fill(_template, EVERY, _item), _item)
+                                          for _item, _wrong in WRONG_EVERY.items()})
 for _a, _students in STUDENTS.items():
     register(_a, _students)
 
-BASELINES = {"h_memo": "h_baseline_causal", "h_nan": "h_baseline_bleu"}
+BASELINES = {"h_memo": "h_baseline_causal", "h_nan": "h_baseline_bleu", "h_liar_every": "h_baseline_every",
+             "h_refcall_every": "h_baseline_every"}
 
 
 def _attackers(a: str) -> list[str]:
@@ -1202,6 +1240,18 @@ def test_baseline_is_wrong_but_not_zero(hostile, a):
     base = _points(scores, "h_baseline")
     assert base[f"test_{item}"] < get_spec(item).points, (a, base)
     assert scores["h_baseline"]["code"] > 0, (a, base)
+
+
+def test_every_item_tampered_with_is_judged_on_its_wrong_answer(hostile):
+    """Notebook 10: the baseline with a mistake in every item loses points on each (so that a gain
+    would show); the attackers of every item are held to it by test_attacker_gains_nothing."""
+    scores = hostile["class"].scores(EVERY)
+    base = _points(scores, "h_baseline_every")
+    assert set(base) == {f"test_{item}" for item in WRONG_EVERY}
+    for item in WRONG_EVERY:
+        assert base[f"test_{item}"] < get_spec(item).points, (item, base)
+    assert scores["h_baseline_every"]["code"] > 0
+    assert _points(scores, "h_liar_every") == base
 
 
 @pytest.mark.parametrize("a,student", ALL_ATTACKERS)

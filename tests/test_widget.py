@@ -246,3 +246,60 @@ def test_the_controls_sit_three_to_a_row(explorer):
     assert list(rows[1].children) == [ex.mode, ex.length, ex.window]
     assert list(rows[2].children) == [ex.dilation, ex.global_positions, ex.causal]
     assert rows[3] is ex.mask_info and rows[-1] is ex.output
+
+
+# ---------------------------------------------------------------------------
+# Patch tokens (notebook 10): labels are patch coordinates, a head's map over the image
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def patch_explorer():
+    from course_lib.data.scenes import make_scenes
+    from course_lib.vision import PatchEmbedding, patch_labels
+    from course_lib.vit import VisionTransformer
+    from course_lib.widgets import ModelSource
+
+    scene = make_scenes(1, seed=3, objects=(2, 2))
+    torch.manual_seed(0)
+    vit = VisionTransformer(PatchEmbedding).eval()
+    source = ModelSource(vit, lambda model, mask: model(scene.images, mask), lambda logits: f"class {int(logits.argmax())}")
+    ex = AttentionExplorer(patch_labels(vit.grid), source, title="ViT", image=scene.images[0], grid=vit.grid)
+    return ex, vit, scene
+
+
+def test_the_explorer_on_patch_tokens_shows_the_selected_heads_map_over_the_image(patch_explorer):
+    from course_lib.vit import layer_attentions
+
+    ex, vit, scene = patch_explorer
+    assert ex.tokens[:3] == ["[CLS]", "0,0", "0,1"] and ex.tokens[-1] == "3,3" and len(ex.tokens) == 17
+    _, attentions = layer_attentions(vit, scene.images)
+    assert ex.query.value == 0  # [CLS]
+    ex.layer.value, ex.head.value = 1, 2
+    expected = attentions[1][0, 2, 0, 1:].reshape(4, 4).numpy()
+    np.testing.assert_allclose(ex.image_map, expected, atol=1e-6)
+    ex.query.value = 6  # patch (1, 1)
+    np.testing.assert_allclose(ex.image_map, attentions[1][0, 2, 6, 1:].reshape(4, 4).numpy(), atol=1e-6)
+    ex.head.value = "all heads"  # the grid of heads: the image shows their mean
+    np.testing.assert_allclose(ex.image_map, attentions[1][0, :, 6, 1:].mean(0).reshape(4, 4).numpy(), atol=1e-6)
+    assert ex.image_png.startswith(b"\x89PNG") and ex.png.startswith(b"\x89PNG")
+    assert ex.query in ex.widget.children and ex.prediction.startswith("class")
+
+
+def test_patch_tokens_take_the_masks_and_ablations(patch_explorer):
+    ex, vit, scene = patch_explorer
+    ex.mode.value = "sliding window"
+    ex.window.value = 2
+    ex.head.value = 0
+    assert np.count_nonzero(ex.image_map) <= 2  # [CLS] sees itself only; a patch its neighbour and itself
+    ex.mode.value = "none"
+    box = ex.ablate[1][0]
+    before = ex.prediction
+    box.value = True
+    assert ex.ablated() == {0: [], 1: [0]} and isinstance(ex.prediction, str) and before.startswith("class")
+
+
+def test_an_image_needs_a_grid_that_fits():
+    with pytest.raises(ValueError, match="grid"):
+        AttentionExplorer(["a", "b"], lambda mask: torch.ones(2, 2) / 2, image=torch.zeros(3, 4, 4))
+    with pytest.raises(ValueError, match="grid"):
+        AttentionExplorer(["a", "b"], lambda mask: torch.ones(2, 2) / 2, image=torch.zeros(3, 4, 4), grid=(2, 2))
