@@ -16,7 +16,6 @@ the training loop, accuracy, the attention of every layer and attention rollout 
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ... import vision as ref
-from ..calls import Invoke
+from ..calls import INVOKE, Invoke, Probe
 from ..compare import describe_difference, fmt_num
 from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, layout,
                           module_case, module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
@@ -29,7 +29,7 @@ def _pair(image_size) -> tuple[int, int]:
     return (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
 
 
-def _raises_value_error(case: Case, what: str, probe: str = "invoke"):
+def _raises_value_error(case: Case, what: str, probe: Probe = INVOKE):
     """Sub-check body: the student's code raises a ``ValueError`` on ``case`` (``what`` says why
     it should)."""
 
