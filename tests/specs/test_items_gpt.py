@@ -1,6 +1,6 @@
 """Notebook 08's check specs: independent correct implementations earn every point,
 stubs are reported once, statistical checks pass whatever random stream a correct
-sampler uses. (Mistakes and reference calls: tests/test_grading_framework.py.)"""
+sampler uses. (Mistakes and reference calls: tests/specs/test_grading_framework.py.)"""
 
 from __future__ import annotations
 

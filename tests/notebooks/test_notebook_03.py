@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, executed_solution
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, executed_solution
 
 pytestmark = pytest.mark.slow
 
@@ -28,3 +28,11 @@ def test_demonstrations_show_what_the_text_claims():
     widget_views = [o for c in nb.cells for o in c.get("outputs", [])
                     if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert widget_views, "the attention explorer was not displayed as a widget"
+
+
+def test_solution_runs_with_full_points():
+    assert_solution_full_points('03_self_attention')
+
+
+def test_student_notebook_reports_the_stubs():
+    assert_student_notebook_reports_stubs('03_self_attention')

@@ -164,3 +164,20 @@ def test_every_written_answer_has_a_model_answer_labelled_the_same_way():
             if c.cell_type == "markdown" and meta.get("solution") and meta.get("grade"):
                 assert "*Model answer.* " in c.source, (path.name, meta.get("grade_id"))
                 assert "Model answer:" not in c.source, (path.name, meta.get("grade_id"))
+
+
+def test_every_notebook_is_executed_by_a_test():
+    """Each assignment's solution and student notebooks are run by a test in
+    tests/notebooks: a new notebook without one fails here, not silently."""
+    import ast
+    covered: dict[str, set[str]] = {}
+    for path in (ROOT / "tests" / "notebooks").glob("test_notebook_*.py"):
+        tree = ast.parse(path.read_text())
+        constants = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        for a in ASSIGNMENTS:
+            if a in constants:
+                covered.setdefault(a, set()).update(calls)
+    needed = {"assert_solution_full_points", "assert_student_notebook_reports_stubs"}
+    missing = {a: sorted(needed - covered.get(a, set())) for a in ASSIGNMENTS if needed - covered.get(a, set())}
+    assert not missing, f"notebooks without an execution test in tests/notebooks: {missing}"

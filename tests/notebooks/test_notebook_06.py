@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, errors, execute, executed_solution, graded_cells, result
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, errors, execute, executed_solution, graded_cells, result
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -52,3 +52,11 @@ def test_grading_mode_trains_only_a_few_steps():
     assert re.search(r"\b20 steps in", out)
     for c in graded_cells(nb):
         assert float(result(c)) == float(c.metadata.nbgrader.points), c.metadata.nbgrader.grade_id
+
+
+def test_solution_runs_with_full_points():
+    assert_solution_full_points('06_transformer')
+
+
+def test_student_notebook_reports_the_stubs():
+    assert_student_notebook_reports_stubs('06_transformer')

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("course_lib", "autograder")
 INSIDE = ROOT / "autograder" / "inside"
 # copied into the sandbox's course_lib: they run as course_lib modules, not autograder's

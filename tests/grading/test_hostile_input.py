@@ -49,7 +49,7 @@ from nbtools import Course, filled, kernel_env
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 A = "03_self_attention"
 NB = f"{A}.ipynb"
 # what a terminal would act on: C0 and C1 controls (a newline ends a line, a tab is a tab),

@@ -16,7 +16,7 @@ import pytest
 
 from autograder import cli, sandbox
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _requirements() -> list[str]:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, executed_solution
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, executed_solution
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,11 @@ def run():
 def test_full_attention_cost_is_quadratic(run):
     _, out = run
     time_slope, memory_slope = map(float, re.search(rf"slope of time: {NUM}, of memory: {NUM}\n", out).groups())
-    assert 1.6 < time_slope < 2.6 and abs(memory_slope - 2.0) < 0.01
+    # memory is exact; time is measured on a shared machine, where a busy neighbour bends the
+    # slope either way (2.0 quiet, 1.5 to 3.1 beside busy pytest workers): it must only be
+    # clearly steeper than linear
+    assert abs(memory_slope - 2.0) < 0.01
+    assert time_slope > 1.3
 
 
 def test_mask_pair_counts(run):
@@ -68,12 +72,14 @@ def test_methods_side_by_side(run):
         rf"\n([\w (),]+?) +slope of time {NUM}, of memory {NUM}; at T = 8192", out)}
     assert set(slopes) == {"full (explicit weights)", "sliding window 64", "tiled, block 256", "PyTorch fused"}
     full_time = slopes["full (explicit weights)"][0]
-    assert full_time > 1.6 and slopes["full (explicit weights)"][1] == pytest.approx(2)
-    # the window's time grows linearly (slope 1.05 on a quiet machine, 1.42 once beside a busy
-    # pytest worker): compare it with full attention's, measured in the same run
-    assert slopes["sliding window 64"][0] < full_time - 0.4 and slopes["sliding window 64"][1] < 1.1
-    assert slopes["tiled, block 256"][0] > 1.6 and slopes["tiled, block 256"][1] < 1.1
+    # memory slopes are exact; time slopes are measured on a shared machine (the window's is
+    # 1.05 on a quiet one, 1.42 beside a busy pytest worker; tiling's 1.5 to 2.0), so the times
+    # are compared with each other, measured in the same run: only the window computes fewer scores
+    assert slopes["full (explicit weights)"][1] == pytest.approx(2)
+    assert slopes["sliding window 64"][1] < 1.1 and slopes["tiled, block 256"][1] < 1.1
     assert slopes["PyTorch fused"][1] < 1.1
+    assert full_time > 1.3 and slopes["tiled, block 256"][0] > 1.3
+    assert slopes["sliding window 64"][0] < min(full_time, slopes["tiled, block 256"][0]) - 0.2
 
 
 def test_kv_cache_gives_the_same_tokens_faster(run):
@@ -108,3 +114,11 @@ def test_explorer_shows_the_local_masks(run):
     nb, _ = run
     cell = next(c for c in nb.cells if c.cell_type == "code" and "AttentionExplorer(" in c.source)
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.outputs)
+
+
+def test_solution_runs_with_full_points():
+    assert_solution_full_points(A)
+
+
+def test_student_notebook_reports_the_stubs():
+    assert_student_notebook_reports_stubs(A)

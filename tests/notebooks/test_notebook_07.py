@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, executed_solution
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, executed_solution
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +73,11 @@ def test_probe_per_layer(run):
     assert cls_acc[-1] >= 80 and mean_acc[0] >= 80  # [CLS] learned the topic; words carry it from the start
     images = sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
     assert images >= 2  # pre-training curves, probe per layer
+
+
+def test_solution_runs_with_full_points():
+    assert_solution_full_points(A)
+
+
+def test_student_notebook_reports_the_stubs():
+    assert_student_notebook_reports_stubs(A)

@@ -1,5 +1,5 @@
 """Regressions for attacks on the grader found by trying them: each is refused where it
-lands, in the grader's process (fast; the sandbox itself is in tests/test_sandbox.py)."""
+lands, in the grader's process (fast; the sandbox itself is in tests/grading/test_sandbox.py)."""
 
 from __future__ import annotations
 

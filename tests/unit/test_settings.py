@@ -12,7 +12,7 @@ import pytest
 from autograder.course import Course, CourseError
 from autograder.settings import workbook_settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _course(tmp_path: Path, lines: str) -> Course:

@@ -193,7 +193,7 @@ def test_export_and_status(graded, capsys):
     for s in graded["students"]:
         assert float(rows[s.id][f"{a}/{nb}"]) == pytest.approx(sum(s.expected.values()))
         assert float(rows[s.id]["total"]) == pytest.approx(sum(s.expected.values()))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                        os.environ.get("PYTHONPATH", "")]))
     status = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(course.root), "status"],
                             capture_output=True, text=True, env=env, check=True).stdout

@@ -1,7 +1,7 @@
 """Plain `nbgrader autograde` keeps working for instructors who use it (it runs the
 checks inside each student's kernel: convenient, but not safe against hostile
 submissions, see the README). The same submissions get the same scores as in the
-sealed-off `workbook autograde` run of tests/test_nbgrader_03.py."""
+sealed-off `workbook autograde` run of tests/grading/test_nbgrader_03.py."""
 
 from __future__ import annotations
 

@@ -247,7 +247,7 @@ def test_pretraining_and_finetuning_run_and_learn():
     assert sum(history.losses[-10:]) / 10 < sum(history.losses[:10]) / 10
     acc = bert_pretraining.mlm_accuracy(model, data, n_pairs=100)
     base, token = bert_pretraining.unigram_baseline(data, data, n_pairs=100)
-    assert 0 < base < 0.5 and 0 <= acc <= 1 and token not in SPECIALS  # quality: tests/test_notebook_07.py
+    assert 0 < base < 0.5 and 0 <= acc <= 1 and token not in SPECIALS  # quality: tests/notebooks/test_notebook_07.py
     assert 0 <= bert_pretraining.nsp_accuracy(model, data, n_pairs=100) <= 1
     names = list(TOPICS)
     sentences = [docs[i][0] for i in range(40)]

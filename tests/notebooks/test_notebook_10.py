@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, executed_solution
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, executed_solution
 
 pytestmark = pytest.mark.slow
 
@@ -115,3 +115,11 @@ def test_the_plots_and_the_explorer_on_patch_tokens_are_shown(run):
     assert images >= 9
     cell = next(c for c in nb.cells if c.cell_type == "code" and "AttentionExplorer(" in c.source)
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.outputs)
+
+
+def test_solution_runs_with_full_points():
+    assert_solution_full_points(A)
+
+
+def test_student_notebook_reports_the_stubs():
+    assert_student_notebook_reports_stubs(A)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, executed_solution
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, executed_solution
 
 pytestmark = pytest.mark.slow
 
@@ -77,3 +77,11 @@ def test_plots_and_time(run):
     nb, _, seconds = run
     images = sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
     assert images >= 5  # sampling bars, ICL loss, accuracy vs K, induction loss, induction head
+
+
+def test_solution_runs_with_full_points():
+    assert_solution_full_points(A)
+
+
+def test_student_notebook_reports_the_stubs():
+    assert_student_notebook_reports_stubs(A)

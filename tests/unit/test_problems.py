@@ -10,7 +10,7 @@ import pytest
 
 from autograder.problems import FLAGS, KINDS, problem
 
-AUTOGRADER = Path(__file__).resolve().parents[1] / "autograder"
+AUTOGRADER = Path(__file__).resolve().parents[2] / "autograder"
 
 
 def test_a_problem_is_plain_data():

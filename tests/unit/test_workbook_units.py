@@ -23,7 +23,7 @@ from autograder.course import Course, CourseError
 from autograder.pool import WorkerPool
 from pool_jobs import handler
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 A = "03_self_attention"
 
 

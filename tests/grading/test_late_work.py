@@ -28,7 +28,7 @@ import pytest
 from browser import CHROMIUM, Chromium
 from nbtools import Course, filled, kernel_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

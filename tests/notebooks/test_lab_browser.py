@@ -174,7 +174,7 @@ OVERFLOW = f"""(() => {{
 def test_figures_and_widgets_fit_a_laptop_window(lab_page):
     """At a laptop's width every plot and the explorer sit inside the notebook, no output
     scrolls sideways, and no widget label is cut short (the explorer's token labels are
-    checked inside the figure by tests/test_widget.py)."""
+    checked inside the figure by tests/unit/test_widget.py)."""
     browser, folder, _ = lab_page
     layout = browser.evaluate(OVERFLOW)
     assert layout["images"] >= 5 and layout["widgets"] >= 3, layout  # four plots and the explorer

@@ -16,7 +16,7 @@ import pytest
 from autograder.course import Course as GradedCourse
 from report_class import ASSIGNMENT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BARE_ENV = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
 
 

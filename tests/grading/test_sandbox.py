@@ -1,6 +1,6 @@
 """The sandbox one submission runs in, seen from inside: one notebook of probes graded by
 the real supervisor (bubblewrap, the runner, the plan and the judgement), then checked
-from outside. The class-level attacks are in tests/test_hostile_class.py."""
+from outside. The class-level attacks are in tests/grading/test_hostile_class.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, executed_solution
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, executed_solution
 
 pytestmark = pytest.mark.slow
 
@@ -41,3 +41,11 @@ def test_demonstrations_show_what_the_text_claims():
 
     images = sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
     assert images >= 4  # PE table, shift matrix, training, extrapolation
+
+
+def test_solution_runs_with_full_points():
+    assert_solution_full_points('05_positional_encoding')
+
+
+def test_student_notebook_reports_the_stubs():
+    assert_student_notebook_reports_stubs('05_positional_encoding')

@@ -15,7 +15,7 @@ import pytest
 from browser import free_port, wait_for_http
 from course_lib.workspace import MANIFEST, sync
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 A = "03_self_attention"
 
 

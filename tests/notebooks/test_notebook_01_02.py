@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, executed_solution
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, executed_solution
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +54,13 @@ def test_notebook_02_attention_reads_dates():
     mass = {f: float(v) for f, v in re.findall(r"(day|month|year)\s* digits put (\d+)% of their attention", out)}
     assert set(mass) == {"day", "month", "year"} and min(mass.values()) >= 50, mass
     assert _images(nb) >= 3  # loss curve, alignments, comparison
+
+
+@pytest.mark.parametrize("assignment", ["01_rnn_limitations", "02_bahdanau_attention"])
+def test_solution_runs_with_full_points(assignment):
+    assert_solution_full_points(assignment)
+
+
+@pytest.mark.parametrize("assignment", ["01_rnn_limitations", "02_bahdanau_attention"])
+def test_student_notebook_reports_the_stubs(assignment):
+    assert_student_notebook_reports_stubs(assignment)

@@ -23,7 +23,7 @@ from nbtools import kernel_env
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECRETS = ("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS", "BEGIN HIDDEN TESTS", "*Model answer.*")
 
 

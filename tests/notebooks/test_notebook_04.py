@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from nbtools import all_text, executed_solution
+from nbtools import all_text, assert_solution_full_points, assert_student_notebook_reports_stubs, executed_solution
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +51,11 @@ def test_demonstrations_show_what_the_text_claims():
                     if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert widget_views, "the attention explorer was not displayed as a widget"
     assert re.search(r"update time of the explorer \(all 4 heads, T = 16\): (\d+) ms", out), "the explorer update time is not reported"
+
+
+def test_solution_runs_with_full_points():
+    assert_solution_full_points('04_multi_head_attention')
+
+
+def test_student_notebook_reports_the_stubs():
+    assert_student_notebook_reports_stubs('04_multi_head_attention')
