@@ -14,7 +14,8 @@ documentation and source):
   column to a user field (username, email address, ID number) and each other column to a
   grade item; **one** row whose user is not found or whose identifier is empty, a grade
   that is not a number, or a grade above the site's maximum grade point (100 unless
-  ``gradepointmax`` was raised) **aborts the whole import**; ``-`` is no grade.
+  ``gradepointmax`` was raised) **aborts the whole import**; an empty cell (or ``-``) is
+  no grade.
 - **Blackboard** (Grade Center → Work Offline → Upload): ``Username`` identifies the
   student; a column is matched by the id after ``|`` in its header (``Title [Total Pts: 10
   Score] |123456``), one without an id becomes a new text column worth 0 points; in a
@@ -333,6 +334,11 @@ def lms_export(course: Course, lms: str, roster_path: str | None = None, assignm
     students = sorted(scores)
     if roster is not None:
         found, left = _match(students, roster)
+        for sid, st in list(found.items()):  # an identifier the CSV neutralisation would change matches no one
+            if any(csv_cell(v) != v for v in st.values()):
+                del found[sid]
+                left.append(f"{shown(sid)}: their LMS identifier starts like a spreadsheet formula; enter their "
+                            "grade by hand")
     else:
         found, left = {}, []
     header, rows, quote_all = _layout(lms, course, roster, columns, students, found, scores, people, notes, left)
@@ -398,7 +404,7 @@ def _layout(lms, course, roster, columns, students, found, scores, people, notes
                               f"(e.g. {shown(sid)} {n}: {v:g}); one such grade aborts Moodle's whole import")
         identity = [k for k in roster.identity if k in ("First name", "Last name", "Surname", *MOODLE_KEYS)]
         header = identity + [c.header for *_, c, _ in columns]
-        rows = [[found[sid].fields.get(k, "") for k in identity] + [_cell(v, "-") for v in values[sid]]
+        rows = [[found[sid].fields.get(k, "") for k in identity] + [_cell(v) for v in values[sid]]
                 for sid in students if sid in found]
         if key:
             field_name = {"Username": "username", "Email address": "email address", "ID number": "ID number"}[key]
