@@ -20,6 +20,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -52,6 +53,7 @@ class Measured:
     peak_mb: float | None = None  # the control group's peak (page cache included)
     peak_rss_mb: float | None = None  # sampled peak of anonymous memory (what a limit cannot reclaim)
     oom_kills: int = 0
+    peak_pss_mb: float = 0.0  # sampled peak of all the run's processes together (no control group needed)
     stdout: str = ""
     user_processes_after: list[int] = field(default_factory=list)
 
@@ -152,10 +154,13 @@ class AutograderBox:
         self.created_user = False
 
     def env(self, **extra: str) -> dict[str, str]:
-        """A clean environment: what a fresh container's root has, and the box's paths."""
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(self.base),
+        """A clean environment: what a fresh container's root has, pip's configuration of this
+        machine (its registries, its cache), and the box's paths."""
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOME": os.environ.get("HOME", "/root"),  # (pip's own configuration and cache: the registries)
                "LANG": "C.UTF-8", "WORKBOOK_AUTOGRADER_ROOT": str(self.root), "WORKBOOK_VENV": str(self.venv),
                "WORKBOOK_STUDENT_USER": self.user}
+        env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
         env.update(extra)
         return env
 
@@ -165,7 +170,7 @@ class AutograderBox:
         root as Gradescope copies it."""
         existed = _user_exists(self.user)
         proc = subprocess.run(["bash", str(self.root / "source" / "setup.sh")], cwd=self.root / "source",
-                              env=self.env(WORKBOOK_PYTHON=PYTHON311, WORKBOOK_TORCH_INDEX=""),
+                              env=self.env(WORKBOOK_PYTHON=PYTHON311, WORKBOOK_TORCH_INDEX=torch_index()),
                               capture_output=True, text=True, timeout=timeout)
         self.created_user = not existed and _user_exists(self.user)
         self.setup_output = proc.stdout + proc.stderr
@@ -188,22 +193,100 @@ class AutograderBox:
         (self.root / "submission_metadata.json").write_text(json.dumps(metadata or {}))
         group = _Group(f"workbook-gradescope-{os.getpid()}-{time.monotonic_ns()}", limits) if limits else None
         started = time.monotonic()
-        proc = subprocess.run([str(self.root / "run_autograder")], cwd=self.root,
-                              env=self.env(WORKBOOK_ISOLATION=isolation), capture_output=True, text=True,
-                              timeout=timeout, preexec_fn=group.join if group else None)
+        with tempfile.TemporaryFile("w+") as out:
+            proc = subprocess.Popen([str(self.root / "run_autograder")], cwd=self.root, stdout=out,
+                                    stderr=subprocess.STDOUT, env=self.env(WORKBOOK_ISOLATION=isolation),
+                                    preexec_fn=group.join if group else None, text=True)
+            sampler = _PssSampler(proc.pid, self.user)
+            try:
+                proc.wait(timeout=timeout)
+            finally:
+                sampler.stop()
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            out.seek(0)
+            stdout = out.read()
         seconds = time.monotonic() - started
         peak = rss = None
         kills = 0
         if group:
             peak, rss, kills = group.close()
         text = (self.root / "results" / "results.json").read_text(encoding="utf-8")
-        return Measured(strict_json(text), seconds, peak, rss, kills, proc.stdout + proc.stderr,
-                        user_processes(self.user))
+        return Measured(strict_json(text), seconds, peak, rss, kills, stdout, user_processes(self.user),
+                        sampler.peak / 1024)
 
     def close(self) -> None:
         if self.created_user:
             subprocess.run(["userdel", self.user], capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+class _PssSampler:
+    """The peak, over a run, of the proportional set sizes of every process it started
+    (run_autograder's descendants) and every process of the students' user, summed: what
+    the run needs in memory, measured without a control group (page cache left out)."""
+
+    def __init__(self, pid: int, user: str) -> None:
+        self.pid, self.user, self.peak = pid, user, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _tree(self) -> set[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                children.setdefault(parent, []).append(int(entry))
+        found, todo = set(), [self.pid]
+        while todo:
+            pid = todo.pop()
+            if pid not in found:
+                found.add(pid)
+                todo.extend(children.get(pid, []))
+        return found | set(user_processes(self.user))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, sum(_pss_kb(pid) for pid in self._tree()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def torch_index() -> str:
+    """Where setup.sh takes torch from, so that it installs the build this machine runs:
+    pip's own configuration (empty) where a wheel of this very version lies in one of its
+    ``find-links`` folders or this torch has no local label, else PyTorch's CPU index (the
+    default, as on Gradescope: a CUDA build does not fit a container's memory limit)."""
+    import torch
+    version = torch.__version__
+    if "+" not in version:
+        return ""
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    folders = [os.environ.get("PIP_FIND_LINKS", "")]
+    folders += [line.split("=", 1)[1].strip("'\"") for line in proc.stdout.splitlines() if "find-links=" in line]
+    for folder in " ".join(folders).split():
+        if Path(folder).is_dir() and any(Path(folder).glob(f"torch-{version}-*.whl")):
+            return ""
+    return "https://download.pytorch.org/whl/cpu"
 
 
 def _user_exists(name: str) -> bool:

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slow,
                                  reason=f"needs {PYTHON311}, setpriv and useradd")]
 
 NOTEBOOK = "03_self_attention"
-CELL_TIMEOUT = 60  # (the infinite loop's cost; a shared machine's slow import of torch stays under it)
+CELL_TIMEOUT = 120  # (never reached: a shared machine's slow import of torch stays far under it)
 GRADESCOPE_MINUTES = 10
 MEMORY_SETTING_MB = 1536  # what docs/gradescope.md tells the instructor to choose for this notebook
 
@@ -194,7 +194,7 @@ def graded(tmp_path_factory):
                      .get("grade_id") == builder.items[0])
         attacker.cells.insert(first, attack)
         mistake = builder.mistake_student("s02").notebook
-        hostile = {s.kind: s.notebook for s in builder.build() if s.kind in ("infinite loop", "memory exhaustion")}
+        hostile = {"memory exhaustion": builder.filled(prepend={builder.items[0]: "hog = bytearray(4 * 2**30)"})}
         submissions = {"correct": builder.filled(), "mistake": mistake, "empty": builder.released,
                        "attacker": attacker, **hostile}
         state["submissions"] = submissions
@@ -314,20 +314,21 @@ def test_nothing_the_students_code_started_survives_a_run(graded):
 
 
 def test_hostile_notebooks_lose_only_what_they_break(graded):
-    runs = graded["runs"]
-    loop = runs["infinite loop"].results["output"]
-    assert f"{CELL_TIMEOUT} s limit" in loop
-    assert "MemoryError" in runs["memory exhaustion"].results["output"]
+    assert "MemoryError" in graded["runs"]["memory exhaustion"].results["output"]
 
 
 def test_the_memory_setting_the_docs_name_is_enough(graded):
     run = graded["runs"]["correct"]
-    if run.peak_mb is None:
-        pytest.skip("no control groups here to measure a run in")
-    assert run.oom_kills == 0, (run.peak_mb, run.peak_rss_mb)
-    assert run.peak_mb < MEMORY_SETTING_MB
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "gradescope.md").read_text()
+    # every process of the run (the grader, the student's kernel) together, sampled
+    assert 0 < run.peak_pss_mb < MEMORY_SETTING_MB, run.peak_pss_mb
+    if run.peak_mb is not None:  # where control groups can be made: run under that very limit
+        assert run.oom_kills == 0, (run.peak_mb, run.peak_rss_mb)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "gradescope.md").read_text()
     assert f"{MEMORY_SETTING_MB / 1024:g} GB" in docs
+    for kind, each in {**graded["runs"], "late": graded["late"], "unverified": graded["unverified"]}.items():
+        print(f"{kind}: {each.results['score']:g} points in {each.seconds:.0f} s, peak {each.peak_pss_mb:.0f} MB "
+              "(PSS of every process, sampled)"
+              + (f", {each.peak_mb:.0f} MB (control group, page cache included)" if each.peak_mb else ""))
 
 
 def test_late_work_is_noted_and_a_renamed_notebook_is_found(graded):
