@@ -10,8 +10,8 @@ a correct, a mistaken and an empty submission with run_autograder in a control g
 own, with the CPU share of a Gradescope container (``--cpus``, default 0.5) and, for each
 ``--memory-mb``, that memory limit (none: unlimited, measured). For every run it prints the
 score, the wall time, the group's peak memory (page cache included: what the kernel charges
-the container), the sampled peak of anonymous memory (what a limit cannot reclaim) and the
-out-of-memory kills. Needs root (control groups, the student's user).
+the container), the sampled peak of anonymous memory (what a limit cannot reclaim), the
+sampled peak of all the run's processes' proportional set sizes, and the out-of-memory kills. Needs root (control groups, the student's user).
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, help="a virtual environment setup.sh made before (reused)")
     parser.add_argument("--user", default="wbgs-bench")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--submissions", nargs="*", default=["correct", "mistake", "empty"],
+                        choices=["correct", "mistake", "empty"])
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="workbook-gradescope-bench-") as tmp:
@@ -54,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         assert workbook(["--course", str(root), "gradescope", assignment, "-o", str(zip_path)]) == 0
         builder = ClassBuilder(course.release_dir / assignment / f"{assignment}.ipynb",
                                course.source_dir / assignment / f"{assignment}.ipynb")
-        submissions = {"correct": builder.filled(), "mistake": builder.mistake_student("m").notebook,
-                       "empty": builder.released}
+        made = {"correct": builder.filled, "mistake": lambda: builder.mistake_student("m").notebook,
+                "empty": lambda: builder.released}
+        submissions = {name: made[name]() for name in args.submissions}
         box = AutograderBox(zip_path, args.user, args.venv)
         try:
             proc = box.setup()
@@ -63,14 +66,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(box.setup_output[-3000:])
                 return 1
             print(f"{'submission':10} {'memory limit':>12} {'score':>6} {'wall s':>7} {'peak MB':>8} "
-                  f"{'anon MB':>8} {'OOM kills':>9}")
+                  f"{'anon MB':>8} {'PSS MB':>7} {'OOM kills':>9}")
             for limit in [None, *args.memory_mb]:
                 for name, nb in submissions.items():
                     for _ in range(args.repeats):
                         got = box.submit({f"{assignment}.ipynb": nbformat.writes(nb).encode()}, METADATA,
                                          Limits(cpus=args.cpus, memory_mb=limit))
                         print(f"{name:10} {str(limit or 'none'):>12} {got.results['score']:6g} {got.seconds:7.1f} "
-                              f"{got.peak_mb:8.0f} {got.peak_rss_mb:8.0f} {got.oom_kills:9d}", flush=True)
+                              f"{got.peak_mb:8.0f} {got.peak_rss_mb:8.0f} {got.peak_pss_mb:7.0f} {got.oom_kills:9d}",
+                              flush=True)
         finally:
             box.close()
     return 0

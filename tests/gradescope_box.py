@@ -28,7 +28,28 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PYTHON311 = "/usr/bin/python3.11"  # this machine's own (Debian 12: 3.11.2), readable by every user
+
+
+def _everyone_may_run(path: Path) -> bool:
+    """Whether every user may run ``path`` (each folder above it passable by all)."""
+    path = path.resolve()
+    return path.is_file() and all(os.stat(p).st_mode & 0o001 for p in [path, *path.parents])
+
+
+def python311() -> str | None:
+    """A Python 3.11 of this machine that the students' user may run too (the system's, as on
+    Gradescope once setup.sh installed it), or None: setup.sh then finds or installs one itself."""
+    candidates = ["/usr/bin/python3.11", "/usr/local/bin/python3.11", shutil.which("python3.11") or ""]
+    for candidate in candidates:
+        if candidate and _everyone_may_run(Path(candidate)):
+            proc = subprocess.run([candidate, "-c", "import sys, venv, ensurepip; print(sys.version_info[:2])"],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0 and proc.stdout.strip() == "(3, 11)":
+                return candidate
+    return None
+
+
+PYTHON311 = python311()
 
 
 def strict_json(text: str):
@@ -166,11 +187,13 @@ class AutograderBox:
 
     def setup(self, timeout: float = 1200) -> subprocess.CompletedProcess:
         """``setup.sh`` as Gradescope runs it (as root, from the source folder), with this
-        machine's Python 3.11 and pip's own configuration; the run_autograder copied to the
-        root as Gradescope copies it."""
+        machine's Python 3.11 where every user may run it (else setup.sh installs one, as on
+        Gradescope) and pip's own configuration; the run_autograder copied to the root as
+        Gradescope copies it."""
         existed = _user_exists(self.user)
         proc = subprocess.run(["bash", str(self.root / "source" / "setup.sh")], cwd=self.root / "source",
-                              env=self.env(WORKBOOK_PYTHON=PYTHON311, WORKBOOK_TORCH_INDEX=torch_index()),
+                              env=self.env(**({"WORKBOOK_PYTHON": PYTHON311} if PYTHON311 else {}),
+                                           WORKBOOK_TORCH_INDEX=torch_index()),
                               capture_output=True, text=True, timeout=timeout)
         self.created_user = not existed and _user_exists(self.user)
         self.setup_output = proc.stdout + proc.stderr
@@ -213,8 +236,8 @@ class AutograderBox:
         if group:
             peak, rss, kills = group.close()
         text = (self.root / "results" / "results.json").read_text(encoding="utf-8")
-        return Measured(strict_json(text), seconds, peak, rss, kills, stdout, user_processes(self.user),
-                        sampler.peak / 1024)
+        return Measured(strict_json(text), seconds, peak_mb=peak, peak_rss_mb=rss, oom_kills=kills,
+                        peak_pss_mb=sampler.peak / 1024, stdout=stdout, user_processes_after=user_processes(self.user))
 
     def close(self) -> None:
         if self.created_user:
