@@ -2,7 +2,8 @@
 and wall time, measured the way Gradescope runs the autograder.
 
     PYTHONPATH=.:tests .venv/bin/python benchmarks/gradescope_container.py [--cpus 0.5]
-        [--memory-mb 768 1024 1536] [--venv DIR] [--repeats 1]
+        [--memory-mb 768 1024 1536] [--venv DIR] [--repeats 1] [--notebook 03_self_attention]
+        [--submissions correct mistake empty]
 
 Builds the autograder zip of notebook 03 (``workbook gradescope``), runs its setup.sh into a
 fresh virtual environment (or reuses ``--venv``, where setup.sh only checks it), then grades
@@ -39,6 +40,7 @@ METADATA = {"id": 1, "created_at": "2026-11-20T10:00:00.000000+00:00",
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--notebook", default="03_self_attention", help="the assignment (default: notebook 03)")
     parser.add_argument("--cpus", type=float, default=0.5)
     parser.add_argument("--memory-mb", type=int, nargs="*", default=[], help="limits to try (besides none)")
     parser.add_argument("--venv", type=Path, help="a virtual environment setup.sh made before (reused)")
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="workbook-gradescope-bench-") as tmp:
-        root, assignment = make_course(Path(tmp) / "course")
+        root, assignment = make_course(Path(tmp) / "course", args.notebook)
         course = Course(root)
         assert workbook(["--course", str(root), "release", assignment]) == 0
         zip_path = Path(tmp) / "autograder.zip"

@@ -213,19 +213,17 @@ def graded(tmp_path_factory):
         runs = {}
         for number, (kind, nb) in enumerate(submissions.items(), start=1):
             limits = Limits(cpus=None, memory_mb=MEMORY_SETTING_MB) if kind == "correct" and _cgroups() else None
-            runs[kind] = box.submit({f"{assignment}.ipynb": nbformat.writes(nb).encode()}, _metadata(number),
-                                    limits=limits)
+            # the mistaken one is also late and renamed; the empty one graded without isolation
+            name = "my homework (1).ipynb" if kind == "mistake" else f"{assignment}.ipynb"
+            runs[kind] = box.submit({name: nbformat.writes(nb).encode()}, _metadata(number, late=kind == "mistake"),
+                                    limits=limits, isolation="none" if kind == "empty" else "container")
             if kind == "attacker":
                 graded_nb = r / "work" / "course" / "grading" / "autograded" / f"gs{number}" / assignment / \
                     f"{assignment}.ipynb"
                 text = "".join(o.get("text", "") for c in nbformat.read(str(graded_nb), as_version=4).cells
                                for o in c.get("outputs", []))
                 state["attack"] = json.loads(text.split("ATTACK ", 1)[1].splitlines()[0]) if "ATTACK " in text else text
-        late = box.submit({"my homework (1).ipynb": nbformat.writes(submissions["correct"]).encode()},
-                          _metadata(71, late=True))
-        unverified = box.submit({f"{assignment}.ipynb": nbformat.writes(submissions["mistake"]).encode()},
-                                _metadata(72), isolation="none")
-        state.update(runs=runs, late=late, unverified=unverified)
+        state.update(runs=runs)
         yield state
     finally:
         box.close()
@@ -251,7 +249,7 @@ def test_setup_makes_its_own_python_beside_the_systems(graded):
 
 
 def test_every_results_json_is_strict_json_in_gradescopes_format(graded):
-    runs = [*graded["runs"].values(), graded["late"], graded["unverified"]]
+    runs = graded["runs"].values()
     for run in runs:
         jsonschema.validate(run.results, RESULTS_SCHEMA)
         assert finite_numbers(run.results)
@@ -304,7 +302,7 @@ def test_the_attacker_reads_nothing_and_scores_the_baseline(graded):
 
 
 def test_nothing_the_students_code_started_survives_a_run(graded):
-    runs = {**graded["runs"], "late": graded["late"], "unverified": graded["unverified"]}
+    runs = graded["runs"]
     for kind, run in runs.items():
         assert run.user_processes_after == [], (kind, run.user_processes_after)
     assert user_processes(graded["user"]) == []
@@ -325,23 +323,25 @@ def test_the_memory_setting_the_docs_name_is_enough(graded):
         assert run.oom_kills == 0, (run.peak_mb, run.peak_rss_mb)
     docs = (Path(__file__).resolve().parents[2] / "docs" / "gradescope.md").read_text()
     assert f"{MEMORY_SETTING_MB / 1024:g} GB" in docs
-    for kind, each in {**graded["runs"], "late": graded["late"], "unverified": graded["unverified"]}.items():
+    for kind, each in graded["runs"].items():
         print(f"{kind}: {each.results['score']:g} points in {each.seconds:.0f} s, peak {each.peak_pss_mb:.0f} MB "
               "(PSS of every process, sampled)"
               + (f", {each.peak_mb:.0f} MB (control group, page cache included)" if each.peak_mb else ""))
 
 
 def test_late_work_is_noted_and_a_renamed_notebook_is_found(graded):
-    run = graded["late"]
+    run = graded["runs"]["mistake"]  # handed in as 'my homework (1).ipynb', an hour late
     assert "Late work: Handed in 1 h 0 min after the due date" in run.results["output"]
-    assert run.results["score"] == graded["runs"]["correct"].results["score"]  # the course's penalty: none
+    assert run.results["extra_data"]["notebooks"][NOTEBOOK]["late_penalty"] == 0  # the course's penalty: none
+    assert "Late work" not in graded["runs"]["correct"].results["output"]
 
 
 def test_grading_without_isolation_says_unverified(graded):
-    run = graded["unverified"]
+    run = graded["runs"]["empty"]  # graded with WORKBOOK_ISOLATION=none
     assert "Unverified" in run.results["output"]
     assert run.results["extra_data"]["isolation"] == "none"
-    assert run.results["score"] == graded["runs"]["mistake"].results["score"]
+    assert graded["runs"]["correct"].results["extra_data"]["isolation"] == "container"
+    assert "Unverified" not in graded["runs"]["correct"].results["output"]
 
 
 def test_a_grader_that_cannot_seal_the_code_off_still_writes_results(graded):
