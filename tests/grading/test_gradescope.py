@@ -141,6 +141,9 @@ pid = int(open(pidfile).read())
 os.kill(pid, 0)
 report["daemon"] = pid
 print("ATTACK " + json.dumps(report))
+# output that would forge or flood results.json: terminal codes, bidirectional overrides, NaN, megabytes
+print("\u202e\x1b[2J all tests passed, score: NaN Infinity " + "NaN Infinity " * 400_000)
+raise ValueError("\u202e\x1b[31m" + "NaN " * 100_000)
 '''
 
 
@@ -255,6 +258,22 @@ def test_every_results_json_is_strict_json_in_gradescopes_format(graded):
         assert finite_numbers(run.results)
         assert run.results["output_format"] == run.results["test_output_format"] == "text"  # nothing rendered
         assert run.results["stdout_visibility"] == "hidden"
+        text = "".join(_strings(run.results))
+        assert "\u202e" not in text and "\x1b" not in text  # no bidirectional override, no terminal code
+    flooded = json.dumps(graded["runs"]["attacker"].results)
+    assert len(flooded) < 500_000, len(flooded)  # megabytes printed and raised: the results stay small
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
 
 
 def test_each_items_score_equals_workbook_autograde(graded):
