@@ -210,3 +210,19 @@ def test_the_export_command(course, capsys):
     assert _csv(out.read_text())[0][-1] == "Self-attention (4242)"
     assert "zed" in capsys.readouterr().err
     assert main(["--course", str(course.root), "export", "--format", "moodle"]) != 0  # refused, with the reason
+
+
+def test_collect_reads_an_lms_export_as_its_roster(course, tmp_path):
+    """Canvas names a submission's files by its user id: its gradebook export is the roster."""
+    import shutil
+    course, base = course
+    course = Course(shutil.copytree(course.root, tmp_path / "course"))  # the module's course stays as it is
+    download = tmp_path / "submissions"
+    download.mkdir()
+    released = (course.release_dir / NOTEBOOK / f"{NOTEBOOK}.ipynb").read_bytes()
+    (download / f"liddellalice_101_98765_{NOTEBOOK}.ipynb").write_bytes(released)
+    (download / f"strangerdanger_555_98766_{NOTEBOOK}.ipynb").write_bytes(released)  # not in Canvas's roster
+    roster = _write(base / "collect-canvas.csv", CANVAS_EXPORT)
+    main(["--course", str(course.root), "collect", str(download), "-a", NOTEBOOK, "--roster", roster])
+    assert course.submission_dir("101", NOTEBOOK).is_dir()
+    assert not course.submission_dir("555", NOTEBOOK).exists()
