@@ -65,6 +65,17 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter):
+    layers: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) in ("setup", "call", "teardown"):
+                parts = report.nodeid.split("::")[0].split("/")
+                layer = "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+                layers[layer] = layers.get(layer, 0.0) + report.duration
+    if layers:
+        terminalreporter.section("test time by layer (summed over workers)")
+        for layer, seconds in sorted(layers.items()):
+            terminalreporter.write_line(f"{seconds / 60:6.1f} min  {layer}")
     if NOTEBOOK_TIMES:
         terminalreporter.section("notebook wall times")
         for name, seconds in sorted(NOTEBOOK_TIMES.items()):
