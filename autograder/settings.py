@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from traitlets import Float, Int, TraitError, Unicode
+from traitlets import Enum, Float, Int, TraitError, Unicode
 from traitlets.config import Configurable
 
 from .course import Course, CourseError
@@ -31,6 +31,12 @@ class Workbook(Configurable):
     max_output_kb = Int(256, help="Output kept per cell, in KB (every kind of output).").tag(config=True)
     threads = Int(1, help="CPU threads per notebook.").tag(config=True)
     scheduler = Unicode("", help="Address of a Dask scheduler to grade on (empty: local processes).").tag(config=True)
+    exchange_identity = Enum(["owner", "name"], "owner", help=(
+        "Who handed a submission in through nbgrader's exchange (`workbook collect --exchange`): 'owner', the Unix "
+        "account that wrote its files, which must be named like the student id in the folder's name (a hub where "
+        "every student has an account: The Littlest JupyterHub, a LocalProcessSpawner or SystemdSpawner); 'name', "
+        "the folder's name alone, where every student runs as one account (Zero to JupyterHub's jovyan): a student "
+        "can then hand in under another's id.")).tag(config=True)
 
     def _check(self) -> None:
         for name in ("notebook_timeout", "max_output_kb", "threads"):
