@@ -36,10 +36,12 @@ setup: $(STAMP) sandbox
 lab: $(STAMP)
 	$(BIN)/python -m course_lib.workspace $(ROOT_FLAG) $(LAB_ARGS)
 
-# Two pytest workers (tests/conftest.py groups the tests: the shared graded class on one,
-# each other file whole). One worker: make test WORKERS=0
+# Two pytest workers, pytest-xdist's own --dist loadfile (each file's tests on one worker,
+# so a notebook executed for one test serves the others in its file); the graded class is
+# built in the background meanwhile (tests/graded_class.py). One process: make test WORKERS=0
+# One layer: .venv/bin/python -m pytest tests/unit (or tests/specs, tests/notebooks, tests/grading)
 WORKERS ?= 2
-XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
 test: $(STAMP) browser sandbox postgres hub lint
 	$(BIN)/python -m pytest $(XDIST)

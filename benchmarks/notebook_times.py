@@ -57,6 +57,7 @@ BUDGETS = {
     "07_bert_mlm_nsp": 240,
     "08_gpt_in_context_learning": 240,
     "09_efficient_attention": 120,
+    "10_attention_over_images": 60,
 }
 
 

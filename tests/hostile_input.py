@@ -1,6 +1,6 @@
 """What a hostile (or careless) student can hand in *around* their code, as data: archives,
 file and folder names, ids, notebook JSON, sizes, timestamps, written answers and outputs.
-tests/test_hostile_input.py delivers it through every collect layout and grades it.
+tests/grading/test_hostile_input.py delivers it through every collect layout and grades it.
 
 Every payload that could run in a browser sets ``window.__pwned`` or the page title to
 :data:`PWNED`, so that a test in Chromium can tell whether any of it ran.

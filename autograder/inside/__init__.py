@@ -1,6 +1,6 @@
 """Everything of the autograder that runs inside the sandbox, with the student's code, and
 nothing else: the sandbox mounts this folder alone (autograder/sandbox.py), and nothing
-here imports the rest of ``autograder`` (tests/test_architecture.py checks both).
+here imports the rest of ``autograder`` (tests/unit/test_architecture.py checks both).
 
 - ``runner.py``: the sandbox's first process: runs the notebook's code cells, streams
   their outputs, answers each test cell's plan with the student's objects;

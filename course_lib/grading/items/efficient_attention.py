@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ... import attention as ref_attention
 from ... import efficient_attention as ref
-from ..calls import Invoke
+from ..calls import Invoke, Probe
 from ..compare import describe_difference
 from ..properties import call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, randn, reference_state
 from ..properties import seed as salted_seed
@@ -312,7 +312,7 @@ def _no_square(case: Case):
     def run(trial) -> None:
         inputs = case.make(trial.device)
         T = inputs["q"].size(-2)
-        got = trial.student(inputs, case.label, probe="memory")
+        got = trial.student(inputs, case.label, probe=Probe("memory"))
         largest = got.get("largest") if isinstance(got, dict) else None
         if not isinstance(largest, list):
             raise CheckFailed(f"On {case.label}: the call could not be measured.")
@@ -472,7 +472,7 @@ def _cache_case(seed: int, steps: tuple[int, ...], B=2, H=3, d_k=4, d_v=5, dtype
             calls.append(["append", {"k": randn((B, H, t, d_k), seed + 2 * i, dtype, device),
                                      "v": randn((B, H, t, d_v), seed + 2 * i + 1, dtype, device)}])
             calls.append(["len", {}])
-        return {"_methods": calls}
+        return {"calls": calls}
 
     return Case(f"a new KVCache(), len, then append(k, v) of {list(steps)} time steps (k (B={B}, H={H}, t, {d_k}), "
                 f"v (…, {d_v}) {dtype_name(dtype)}), len after each", make)
@@ -543,10 +543,10 @@ def _cache_spec() -> ItemSpec:
                                 "yourself"},
         subchecks=(
             SubCheck("a prompt of 3 positions then two single steps: append returns everything so far, len counts "
-                     "positions", 1, compare_cases(_cache_case(10, (3, 1, 1)), probe="methods", differ=_cache_differ)),
+                     "positions", 1, compare_cases(_cache_case(10, (3, 1, 1)), probe=Probe("methods"), differ=_cache_differ)),
             SubCheck("one position first, then 4 at once, then 1; float64; a batch of 1 with 1 head", 1,
                      compare_cases(_cache_case(20, (1, 4, 1), dtype=f64), _cache_case(30, (2, 1, 1, 1), B=1, H=1, d_k=8, d_v=2),
-                                   probe="methods", differ=_cache_differ),
+                                   probe=Probe("methods"), differ=_cache_differ),
                      hidden=True),
         ),
     )
