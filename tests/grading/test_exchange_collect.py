@@ -26,7 +26,7 @@ from autograder.collect import collect_exchange, exchange_inbound
 from autograder.course import Course, CourseError
 from hubtools import SITE, can_act_as_others, runnable_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 A = "03_self_attention"
 COURSE_ID = "attention-workbook"
 ALICE, BOB = "daemon", "bin"  # two accounts every Debian system has, standing in for two students
