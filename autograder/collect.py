@@ -425,7 +425,7 @@ def exchange_inbound(course: Course) -> Path:
 
 def collect_exchange(course: Course, assignment: str, roster: set[str] | None = None, dry_run: bool = False,
                      time_from: str = "files", identity: str | None = None,
-                     limits: IntakeLimits | None = None) -> CollectResult:
+                     limits: IntakeLimits | None = None, account: str | None = None) -> CollectResult:
     """Import ``assignment``'s submissions from nbgrader's exchange (a hub's students handed them
     in with *Submit* in the Assignments tab, or ``nbgrader submit``).
 
@@ -436,13 +436,16 @@ def collect_exchange(course: Course, assignment: str, roster: set[str] | None = 
     an error naming the account that wrote it (it never becomes that student's submission), and
     a file another account wrote into a student's folder rejects that submission. ``"name"``
     believes the names, for hubs where every student runs as one account (Zero to JupyterHub's
-    ``jovyan``). Of a student's submissions, the one whose files changed last counts (the file
+    ``jovyan``). ``account`` (``c.Workbook.exchange_account``) names a student's account from their
+    id: ``"{student}"``, or ``"jupyter-{student}"`` on The Littlest JupyterHub. Of a student's submissions, the one whose files changed last counts (the file
     system's change times, which no process can set back); the time in the name is never read.
     Every rule of :mod:`autograder.intake` applies as in :func:`collect`.
     """
     from .settings import intake_limits, workbook_settings
     limits = limits or intake_limits(course)
-    identity = identity or workbook_settings(course).exchange_identity
+    settings = workbook_settings(course)
+    identity = identity or settings.exchange_identity
+    account = account or settings.exchange_account
     if identity not in EXCHANGE_IDENTITIES:
         raise CourseError(f"c.Workbook.exchange_identity {identity!r}: one of {', '.join(EXCHANGE_IDENTITIES)}")
     if time_from not in EXCHANGE_TIME_SOURCES:
@@ -472,8 +475,9 @@ def collect_exchange(course: Course, assignment: str, roster: set[str] | None = 
             if not stat.S_ISDIR(info.st_mode):
                 raise Refused("a symbolic link (never followed)" if stat.S_ISLNK(info.st_mode) else "not a folder")
             student = intake.student_id(parts[0], limits)
-            if identity == "owner" and _account(info.st_uid) != student:
-                raise Refused(f"handed in under the id {student} by the account {shown(_account(info.st_uid))}; "
+            if identity == "owner" and _account(info.st_uid) != account.replace("{student}", student):
+                raise Refused(f"handed in under the id {student} by the account {shown(_account(info.st_uid))} "
+                              f"(theirs is {shown(account.replace('{student}', student))}, c.Workbook.exchange_account); "
                               "not imported: a student hands in as themself only")
         except Refused as exc:
             result.errors.append(f"'{shown(item.name)}': {exc}")

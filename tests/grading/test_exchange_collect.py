@@ -151,14 +151,30 @@ def test_a_folder_handed_in_under_another_students_id_is_refused_and_never_their
                    {f"{A}.ipynb": "{}", "timestamp.txt": "2026-11-21 09:00:00"})
     result = collect_exchange(hub["course"], A)
     assert result.imported == {BOB: [A]} and not result.rejected
-    assert result.errors == [f"'{forged.name}': handed in under the id {BOB} by the account {ALICE}; not imported: "
-                             "a student hands in as themself only"]
+    assert result.errors == [f"'{forged.name}': handed in under the id {BOB} by the account {ALICE} (theirs is {BOB}, "
+                             "c.Workbook.exchange_account); not imported: a student hands in as themself only"]
     submitted = hub["course"].submission_dir(BOB, A) / f"{A}.ipynb"
     assert submitted.read_bytes() == (genuine / f"{A}.ipynb").read_bytes()  # bob's own work, not the forgery
     # on a hub where every student is one account, the names are believed: the forgery then counts
     # (as the later submission), which is why 'owner' is the default
     result = collect_exchange(hub["course"], A, identity="name")
     assert result.imported == {BOB: [A]} and submitted.read_text() == "{}"
+
+
+def test_a_hub_that_names_accounts_after_its_users_maps_each_id_to_its_account(hub):
+    """The Littlest JupyterHub runs the hub user alice as the account jupyter-alice; nbgrader's
+    exchange names her folder alice: c.Workbook.exchange_account = "jupyter-{student}". Here the
+    account daemon stands for the student 'emon' ("da{student}")."""
+    student = ALICE[2:]
+    forge(hub, ALICE, f"{student}+{A}+2026-11-21 09:00:00.000000 UTC+abc",
+          {f"{A}.ipynb": (hub["homes"][ALICE] / A / f"{A}.ipynb").read_text()})
+    submit(hub, ALICE)  # and one under the account's own name, which is no student's id here
+    result = collect_exchange(hub["course"], A, account="da{student}")
+    assert result.imported == {student: [A]}, (result.errors, result.rejected)
+    assert [e for e in result.errors if "theirs is dadaemon" in e] and len(result.errors) == 1
+    with pytest.raises(CourseError, match="exchange_account must hold"):
+        from autograder.settings import workbook_settings
+        workbook_settings(hub["course"], exchange_account="jupyter-")
 
 
 def test_a_file_another_account_wrote_into_a_students_folder_rejects_that_submission(hub):
