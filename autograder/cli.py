@@ -15,7 +15,8 @@
     workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
                                               (--names: show student ids; default: numbered)
     workbook formgrader [ASSIGNMENT]          grade the written answers in nbgrader's Formgrader
-                                              (JupyterLab options pass through: --port 8899)
+                                              (JupyterLab options pass through: --port 8899;
+                                              --hub: as a JupyterHub service, deploy/jupyterhub)
     workbook scheduler [OPTIONS]              a Dask scheduler for grading on many machines
     workbook worker ADDRESS [OPTIONS]         a Dask worker of this course (`dask worker`'s options
                                               pass through: --nworkers 2 --nthreads 1)
@@ -137,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("formgrader", help="grade the written answers in nbgrader's Formgrader (opens JupyterLab; "
                                           "JupyterLab options such as --port or --no-browser pass through)")
     p.add_argument("assignment", nargs="?", help="open on this assignment's submissions")
+    p.add_argument("--hub", action="store_true",
+                   help="run as a JupyterHub service (the course's Formgrader on a hub: deploy/jupyterhub), "
+                        "its users signed in by the hub")
 
     sub.add_parser("scheduler", help="start a Dask scheduler for `autograde --scheduler` (`dask scheduler`'s "
                                      "options pass through), with settings that leave the cores to grading")
@@ -413,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             from .formgrader import open_formgrader
             from .reports import check_assignments
             check_assignments(course, [args.assignment] if args.assignment else None)
-            return open_formgrader(course, args.assignment, extra)
+            return open_formgrader(course, args.assignment, extra, hub=args.hub)
         if args.command == "status":
             from .reports import status_table
             print(status_table(course, args.assignments or None))
