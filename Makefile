@@ -82,7 +82,14 @@ postgres:
 # a real JupyterHub with it). Node.js and npm are installed here when possible (root with apt-get).
 HUB_PROXY := deploy/jupyterhub/node_modules/.bin/configurable-http-proxy
 
+# The hub test also runs Python as the students' and the grader's accounts, which cannot enter
+# /root (pyenv's Pythons): a Python 3.11 in /usr/bin (Debian's python3.11) is installed here
+# when possible (root with apt-get); otherwise the test uses whichever 3.11 every account can run.
 hub: $(HUB_PROXY)
+	@test -x /usr/bin/python3.11 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || { \
+	  echo "installing Debian's python3.11 for the hub test's accounts"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11 python3.11-venv >/dev/null \
+	  || echo "note: python3.11 not installed; the hub test uses a Python 3.11 every account can run, if any"; }
 
 $(HUB_PROXY): deploy/jupyterhub/package.json deploy/jupyterhub/package-lock.json
 	@command -v npm >/dev/null 2>&1 || { \

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import secrets
@@ -57,7 +58,7 @@ def runnable_python() -> tuple[str | None, str]:
 
 def _link_tree(src: Path, dest: Path, skip=lambda name: False) -> None:
     """Hard-link every file of ``src`` into ``dest`` (folders made anew, so that a file written
-    into ``dest`` later never touches ``src``)."""
+    into ``dest`` later never touches ``src``); copy it where ``dest`` is on another file system."""
     for top, dirs, files in os.walk(src):
         rel = Path(top).relative_to(src)
         if rel.parts and skip(rel.parts[0]):
@@ -70,7 +71,12 @@ def _link_tree(src: Path, dest: Path, skip=lambda name: False) -> None:
                 continue
             target = dest / rel / name
             if not target.exists():
-                os.link(Path(top) / name, target)
+                try:
+                    os.link(Path(top) / name, target)
+                except OSError as exc:  # another file system (EXDEV; /tmp on tmpfs): a copy
+                    if exc.errno not in (errno.EXDEV, errno.EPERM):
+                        raise
+                    shutil.copy2(Path(top) / name, target)
 
 
 def make_env(dest: Path, python: str, course_code: bool) -> Path:
