@@ -105,6 +105,27 @@ def student_env(env: Path, edition: Path, base_python: str, no_deps: bool, with_
             f"its Jupyter configuration: {config}"]
 
 
+def open_homes(course: Path) -> list[str]:
+    """The roster's accounts (<course>/roster.txt, read as course.py reads it) whose home other
+    accounts can enter: Debian and Ubuntu make homes 0755 or 0750, so a student could read
+    another's notebooks there."""
+    roster = course / "roster.txt"
+    if not roster.is_file():
+        return []
+    ids = [line.split(",")[0].strip() for line in roster.read_text(encoding="utf-8").splitlines()]
+    found = []
+    for name in ids:
+        if not name or name.startswith("#") or name.lower() in ("id", "student_id", "student"):
+            continue
+        try:
+            home = Path(pwd.getpwnam(name).pw_dir)
+            if home.stat().st_mode & 0o077:
+                found.append(f"{home} ({name})")
+        except (KeyError, OSError):
+            continue
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--course", required=True, type=Path, help="the grader's checkout of the course")
@@ -140,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(edition.parent, ignore_errors=True)
     print("\n".join(lines))
+    homes = open_homes(course)
+    if homes:
+        print(f"\nwarning: other accounts can enter these students' homes (run chmod 700 on each; for new accounts "
+              f"set HOME_MODE 0700 in /etc/login.defs): {', '.join(homes)}")
     print("\nstart the hub with:\n"
           f"  WORKBOOK_HUB_COURSE={course} WORKBOOK_HUB_GRADER={args.grader} "
           f"WORKBOOK_HUB_STUDENT_PYTHON={args.student_env / 'bin' / 'python'} WORKBOOK_EXCHANGE={args.exchange} "

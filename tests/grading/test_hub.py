@@ -388,6 +388,8 @@ def test_the_students_environment_is_the_student_edition(run):
     probe = run["probes"][run["alice"]]
     assert probe["course_lib"].startswith(str(run["top"] / "student-env"))
     assert probe["stripped"] and not probe["autograder"]
+    # setup_course.py made it and found the students' homes private (it warns otherwise)
+    assert "students' environment:" in run["setup"] and "warning" not in run["setup"], run["setup"]
 
 
 def test_the_released_assignment_is_listed_for_each_student(run):
