@@ -7,13 +7,14 @@ their passwords. setup_course.py makes the exchange and the students' environmen
 student edition. The instructor releases notebook 03 from the course's Formgrader service (a
 kernel there, as its terminal would); one student finds it in JupyterLab's Assignments tab in
 headless Chromium and fetches it there, the other through the same API; each executes it in a
-real kernel on their own server (one correct, one with a wrong causal mask) and submits it
-through the exchange. The instructor collects (`workbook collect --exchange`), autogrades and
+real kernel on their own server (one correct, one with a wrong causal mask; the course's
+grading mode, short training, keeps the test cheap) and submits it through the exchange. The instructor collects (`workbook collect --exchange`), autogrades and
 releases the feedback; each student fetches their own page and no one else's. The grades are
 the ones the same notebooks earn through `workbook` alone, and neither student can reach
 Formgrader, the course's folder or the other's files.
 
-Needs root (it makes Unix accounts; skipped otherwise), the proxy and bubblewrap.
+Needs root (it makes Unix accounts; skipped otherwise), the proxy and bubblewrap (`make test`
+installs both, and a Python 3.11 the accounts can run). One hub serves the whole module.
 """
 
 from __future__ import annotations
