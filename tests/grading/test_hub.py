@@ -144,10 +144,10 @@ def _browser_fetch(hub: Hub, user: str, password: str, shots: Path) -> dict:
         item = ("Array.from(document.querySelectorAll('.lm-Menu-item')).find(e => "
                 "e.textContent.trim() === 'Assignment List')")
         browser.wait_for(f"{menu} !== undefined", timeout=60)
-        for _ in range(5):  # a click while JupyterLab still lays itself out can go unseen
-            browser.click(menu)
+        for _ in range(4):  # a click while JupyterLab still lays itself out can go unseen (a slow machine: wait
+            browser.click(menu)  # long for the menu, so that a second click never closes a menu that was opening)
             try:
-                browser.wait_for(f"{item} !== undefined", timeout=5)
+                browser.wait_for(f"{item} !== undefined", timeout=20)
                 break
             except TimeoutError:
                 pass
