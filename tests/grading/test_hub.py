@@ -283,12 +283,19 @@ def run(tmp_path_factory):
 
 _PROBE = """
 import getpass, importlib.util, inspect, json, os, urllib.error, urllib.request
-out = {"user": getpass.getuser(), "cwd": os.getcwd(), "files": {}, "urls": {}}
+out = {"user": getpass.getuser(), "cwd": os.getcwd(), "files": {}, "writes": {}, "urls": {}}
 for key, path in PATHS.items():
     try:
         out["files"][key] = os.listdir(path)
     except PermissionError:
         out["files"][key] = "denied"
+for key, path in WRITES.items():
+    try:
+        with open(path, "x") as f:
+            f.write("planted")
+        out["writes"][key] = "written"
+    except PermissionError:
+        out["writes"][key] = "denied"
 for key, (url, token) in URLS.items():
     request = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
     class Stay(urllib.request.HTTPRedirectHandler):
@@ -317,11 +324,13 @@ def _probe(user: HubUser, hub: Hub, course: Path, top: Path, accounts: Accounts,
     service = f"http://127.0.0.1:{hub.service_port}/services/{COURSE_ID}"
     paths = {"course": str(course / "solutions"), "home": str(accounts.home(other)),
              "inbound": str(exchange / "inbound"), "feedback": str(exchange / "feedback")}
+    # what every student fetches, and the course's folder in the exchange (no one may plant a release there)
+    writes = {"released": str(exchange / "outbound" / A / "planted.py"), "course's exchange": str(exchange / "planted")}
     urls = {"service, her token": (f"{service}/api/contents", "TOKEN"), "service, no token": (f"{service}/api/contents", ""),
             "formgrader, her token": (f"{service}/formgrader/api/submitted_notebooks/{A}/{A}", "TOKEN"),
             "proxy api, her token": (f"{hub.proxy_api}/api/routes", "TOKEN"),
             "proxy api, no token": (f"{hub.proxy_api}/api/routes", "")}
-    code = (f"PATHS = {paths!r}\nURLS = {urls!r}\nFULL = {user.name == alice}\n"
+    code = (f"PATHS = {paths!r}\nWRITES = {writes!r}\nURLS = {urls!r}\nFULL = {user.name == alice}\n"
             "URLS = {k: (u, os.environ['JUPYTERHUB_API_TOKEN'] if t == 'TOKEN' else t) for k, (u, t) in URLS.items()}\n")
     kernel = user.kernel(f"/user/{user.name}")
     try:
@@ -495,11 +504,13 @@ def test_students_cannot_reach_formgrader_or_anyone_elses_files(run):
     listed = users[alice].get("/hub/api/users")
     assert listed.status_code == 403 or [u["name"] for u in listed.json()] == [alice], listed.text[:300]
     # nor, from her own kernel: the course's folder, the other's home, the exchange's hand-ins and
-    # feedback; the Formgrader service's own port past the proxy (her server's token, or none); the
+    # feedback; plant a file in the released assignment or the course's exchange folder; the Formgrader service's own port past the proxy (her server's token, or none); the
     # proxy's API (which could reroute the hub)
     for name in (alice, bob):
         assert run["probes"][name]["files"] == {key: "denied" for key in ("course", "home", "inbound", "feedback")}, \
             run["probes"][name]["files"]
+        assert run["probes"][name]["writes"] == {"released": "denied", "course's exchange": "denied"}, \
+            run["probes"][name]["writes"]
         urls = run["probes"][name]["urls"]
         assert urls["service, her token"] == urls["formgrader, her token"] == 403, urls
         assert urls["service, no token"] in (302, 403), urls  # sent to the hub's login, never served
