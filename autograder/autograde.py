@@ -45,9 +45,9 @@ from .problems import WHOLE_SUBMISSION, problem
 from .record import Task, save_report, with_retry, write_result
 from .release import recorded_notebooks
 from .sandbox import Limits, check_available
-from .worker import grade_job, init_worker
+from .worker import grade_job, init_worker, run_job
 
-__all__ = ["GradingOptions", "autograde", "Limits"]
+__all__ = ["GradingOptions", "autograde", "Limits", "container_user"]
 
 
 @dataclass
@@ -55,8 +55,11 @@ class GradingOptions:
     """How to autograde: worker count, limits, and what to regrade.
 
     ``unsafe_no_sandbox`` grades without bubblewrap (every grade written is marked
-    unverified); ``gpu`` exposes the NVIDIA devices to the sandbox and judges on CUDA;
-    ``force`` grades again submissions already graded with the same inputs; ``scheduler``
+    unverified); ``isolation="container"`` seals submissions off without namespaces, as the
+    unprivileged user ``container_user`` (autograder/container.py: where bubblewrap cannot
+    start, as on Gradescope; one notebook at a time); ``in_process`` runs and judges each job
+    in this process instead of a worker (a Python and a torch less in memory: Gradescope's
+    container); ``gpu`` exposes the NVIDIA devices to the sandbox and judges on CUDA; ``force`` grades again submissions already graded with the same inputs; ``scheduler``
     (a Dask scheduler's address) grades on that cluster instead of local processes."""
 
     workers: int = 0  # 0: one per core
@@ -67,6 +70,17 @@ class GradingOptions:
     gpu: bool = False
     force: bool = False
     scheduler: str | None = None
+    isolation: str = ""  # "bubblewrap" (the default), "container", or "none" (= unsafe_no_sandbox)
+    container_user: str = "workbook-student"
+    in_process: bool = False  # run and judge in this process, one job after another (no worker processes)
+
+    def sealed_by(self) -> str:
+        """How submissions are sealed off: ``bubblewrap``, ``container`` or ``none``."""
+        from .run import ISOLATIONS
+        found = self.isolation or ("none" if self.unsafe_no_sandbox else "bubblewrap")
+        if found not in ISOLATIONS:
+            raise CourseError(f"unknown isolation {found!r}; one of {', '.join(ISOLATIONS)}")
+        return found
 
     def worker_count(self) -> int:
         if self.workers < 0:
@@ -87,6 +101,7 @@ class _Batch:
     collect_log: dict
     checksums: dict[str, dict[str, str]]
     intake_rules: object
+    container_user: dict | None = None  # container mode's user (autograder/container.py)
     copies: dict[str, Path] = field(default_factory=dict)
 
     def course_copy(self, nb: NotebookNode, notebook: str) -> Path:
@@ -153,7 +168,8 @@ class _Batch:
                     "salts": {i: item_salt(self.secret, assignment, notebook, student, i, task.fingerprint)
                               for i in test_items(nb)},
                     "device": "cuda" if options.gpu else "cpu", "gpu": options.gpu,
-                    "threads": options.threads_per_kernel, "unsafe_no_sandbox": options.unsafe_no_sandbox,
+                    "threads": options.threads_per_kernel, "unsafe_no_sandbox": options.sealed_by() == "none",
+                    "isolation": options.sealed_by(), "container_user": self.container_user,
                     "hard_timeout": limits.notebook_timeout + 180}
         return task
 
@@ -165,7 +181,8 @@ def _batch(course: Course, assignment: str, options: GradingOptions, notebooks: 
         raise CourseError(f"the scratch folder {scratch} is inside the course folder; set TMPDIR elsewhere")
     scratch.chmod(0o711)
     secret = course_secret(course)
-    settings = json.dumps({"limits": options.limits.__dict__, "unsafe": options.unsafe_no_sandbox, "gpu": options.gpu,
+    settings = json.dumps({"limits": options.limits.__dict__, "unsafe": options.sealed_by() == "none",
+                           "container": options.sealed_by() == "container", "gpu": options.gpu,
                            "course": course_fingerprint(course), "secret": hashlib.sha256(secret).hexdigest()[:8]},
                           sort_keys=True)
     return _Batch(course, assignment, options, scratch, secret, settings,
@@ -185,6 +202,16 @@ def _dispatch(course: Course, options: GradingOptions, jobs: list[dict],
     from .sandbox import SANDBOX_UID_BASE
     threads = str(options.threads_per_kernel)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
+    if options.in_process:  # no worker process: one Python (and one torch) less in memory
+        import torch
+        torch.set_num_threads(options.threads_per_kernel)
+        for job in jobs:
+            try:
+                result = run_job(job, uid=SANDBOX_UID_BASE)
+            except Exception as exc:  # as a pool worker reports it: this notebook's failure, not the run's
+                result = {"job_id": job["job_id"], "crash": f"{type(exc).__name__}: {exc}"}
+            done(job, result, None)
+        return
     uid_base = SANDBOX_UID_BASE + (os.getpid() % 20_000) * 64  # each concurrent sandbox its own user
     with WorkerPool(min(options.worker_count(), len(jobs)), grade_job,
                     functools.partial(init_worker, env, uid_base)) as pool:
@@ -200,14 +227,22 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
     course, limits) are kept unless ``options.force``.
     """
     options = options or GradingOptions()
-    if not options.unsafe_no_sandbox:
+    sealed_by = options.sealed_by()
+    user = None
+    if sealed_by == "bubblewrap":
         check_available()  # SandboxUnavailable says why and how to fix it
+    elif sealed_by == "container":
+        if options.scheduler or options.worker_count() > 1:
+            raise CourseError("container mode grades one notebook at a time, on this machine (-j 1, no scheduler): "
+                              "every submission runs as the same user")
+        user = container_user(options.container_user, course)
     notebooks = recorded_notebooks(course, assignment)
     students = options.students or course.submitted_students(assignment)
     unknown = [s for s in options.students or [] if not course.submission_dir(s, assignment).is_dir()]
     if unknown:
         raise CourseError(f"no submission of {assignment} for: {', '.join(unknown)}")
     batch = _batch(course, assignment, options, notebooks)
+    batch.container_user = user
     notes = batch.collect_log.get("notes", {})
     reports: dict[str, dict] = {}
     try:
@@ -224,12 +259,12 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
 
             def record(task: Task, result: dict | None, worker: str | None = None) -> None:
                 try:
-                    recorded = write_result(course, gb, task, result, options.unsafe_no_sandbox)
+                    recorded = write_result(course, gb, task, result, sealed_by == "none")
                 except Exception as exc:  # one result that cannot be written costs that notebook only
                     gb.db.rollback()
                     task.problems.append(problem("grader_error", "the grader could not record this notebook "
                                                                  f"({type(exc).__name__}: {str(exc)[:200]}); it scores 0"))
-                    recorded = write_result(course, gb, task, None, options.unsafe_no_sandbox)
+                    recorded = write_result(course, gb, task, None, sealed_by == "none")
                 reports[task.student] = save_report(course, assignment, task.student, task.notebook, recorded,
                                                     notes.get(task.student, []))
                 if progress:
@@ -252,6 +287,16 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
     finally:
         shutil.rmtree(batch.scratch, ignore_errors=True)
     return [reports.get(s) or save_report(course, assignment, s, "", None, notes.get(s, [])) for s in students]
+
+
+def container_user(name: str, course: Course) -> dict:
+    """Container mode's user, checked (autograder/container.py): unprivileged, and unable to
+    read the course folder, the autograder or course_lib (whose check specs hold the hidden tests)."""
+    import course_lib
+
+    from .container import check_user
+    private = [course.root, course.grading_dir, Path(__file__).resolve().parent, Path(course_lib.__file__).resolve().parent]
+    return dict(check_user(name, private))
 
 
 @contextlib.contextmanager

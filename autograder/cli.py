@@ -10,6 +10,8 @@
     workbook autograde [ASSIGNMENT ...]       grade in parallel, each submission sealed off
     workbook feedback [ASSIGNMENT ...]        per-student HTML (no hidden test code)
     workbook export [-o FILE]                 grades CSV: every notebook and the total
+    workbook export --format canvas --roster EXPORT.csv   an LMS's grade import (canvas, moodle, blackboard)
+    workbook gradescope ASSIGNMENT -o ZIP     the assignment as a Gradescope autograder
     workbook status [ASSIGNMENT ...]          students × notebooks, with the problems
     workbook due [ASSIGNMENT [DATE]]          show or set due dates (late work: nbgrader's penalty)
     workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
@@ -116,9 +118,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("assignments", nargs="*")
     p.add_argument("-s", "--student", action="append")
 
-    p = sub.add_parser("export", help="write the grades CSV")
+    p = sub.add_parser("export", help="write the grades CSV, or an LMS's grade-import file")
     p.add_argument("assignments", nargs="*")
-    p.add_argument("-o", "--output", help="default: grading/grades.csv")
+    p.add_argument("-o", "--output", help="default: grading/grades.csv (grading/grades-<format>.csv for an LMS)")
+    p.add_argument("--format", choices=("csv", "canvas", "moodle", "blackboard"), default="csv",
+                   help="csv: every column of the workbook; canvas, moodle, blackboard: that LMS's grade import "
+                        "(a column per notebook, scores after the late penalty)")
+    p.add_argument("--roster", help="the LMS's own export (Canvas's gradebook export, Moodle's grade export or "
+                                    "participants list, Blackboard's Grade Center download): maps students and columns")
+    p.add_argument("--column", action="append", default=[], metavar="NOTEBOOK=HEADER",
+                   help="the LMS column of a notebook, as the LMS's export names it (repeatable)")
+
+    p = sub.add_parser("gradescope", help="build a Gradescope autograder (setup.sh, run_autograder) that grades "
+                                          "the assignment with the same checks, sealed off")
+    p.add_argument("assignment")
+    p.add_argument("-o", "--output", default="autograder.zip", help="the zip to write (default: autograder.zip)")
+    p.add_argument("--hidden", choices=("after_published", "after_due_date", "hidden"), default="after_published",
+                   help="when students see the hidden checks' results (default: after_published, when you "
+                        "publish the grades; hidden: never, their points still count)")
+    p.add_argument("--timeout-minutes", type=_positive, default=10,
+                   help="the assignment's autograder timeout on Gradescope (default 10, Gradescope's own)")
+    p.add_argument("--memory-mb", type=_positive, default=2048,
+                   help="memory of the student's processes, all together (default 2048; Gradescope's container "
+                        "needs more: docs/gradescope.md)")
+    p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
 
     p = sub.add_parser("status", help="table of students × notebooks")
     p.add_argument("assignments", nargs="*")
@@ -151,7 +174,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read_roster(path: str) -> set[str]:
+    """The student ids of a roster: one id a line, a CSV with an ``id`` column, or an LMS's
+    export (Canvas's user ids, Blackboard's usernames: what their downloads name files by)."""
     import csv
+
+    from .lms import read_roster, roster_ids
+    try:
+        roster = read_roster(path)
+    except CourseError:
+        roster = None
+    if roster is not None and roster.lms != "workbook":
+        return roster_ids(roster)
     text = Path(path).read_text(encoding="utf-8")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if lines and "," in lines[0]:
@@ -163,6 +196,22 @@ def _read_roster(path: str) -> set[str]:
     if lines and lines[0].lower() in ("id", "student_id", "student", "username"):
         lines = lines[1:]  # a one-column roster's header
     return set(lines)
+
+
+def _lms_export(course: Course, args: argparse.Namespace) -> int:
+    from .lms import lms_export
+    explicit = {}
+    for item in args.column:
+        notebook, sep, header = item.partition("=")
+        if not sep or not notebook or not header:
+            raise CourseError(f"--column {shown(item)}: write it NOTEBOOK=HEADER")
+        explicit[notebook] = header
+    text, notes = lms_export(course, args.format, args.roster, args.assignments or None, explicit,
+                             Path(args.output) if args.output else None)
+    print(text, end="")
+    for note in notes:
+        print(f"{args.format}: {note}", file=sys.stderr)
+    return 0
 
 
 def _check(course: Course) -> int:
@@ -402,12 +451,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "feedback":
             return _feedback(course, args)
         if args.command == "export":
+            if args.format != "csv":
+                return _lms_export(course, args)
+            if args.roster or args.column:
+                raise CourseError("--roster and --column go with an LMS --format (canvas, moodle, blackboard)")
             from .reports import export_csv
             text = export_csv(course, args.output, args.assignments or None)
             print(text, end="")
             return 0
         if args.command == "due":
             return _due(course, args)
+        if args.command == "gradescope":
+            from .gradescope import build
+            settings = build(course, args.assignment, Path(args.output), hidden=args.hidden,
+                             timeout_minutes=args.timeout_minutes, memory_mb=args.memory_mb,
+                             cell_timeout=args.cell_timeout)
+            limits = settings["limits"]
+            print(f"{args.output}: Gradescope autograder of {args.assignment} ({', '.join(settings['notebooks'])}); "
+                  f"hidden checks {settings['hidden_visibility']}; a notebook may run {limits['notebook_timeout']} s, "
+                  f"a cell {limits['cell_timeout']} s, with {limits['memory_mb']} MB. On Gradescope: set the "
+                  f"autograder timeout to {settings['timeout_minutes']} min and the memory as docs/gradescope.md says.")
+            return 0
         if args.command == "report":
             from .class_report import write_report
             page = write_report(course, args.output, args.assignments or None, names=args.names)

@@ -26,8 +26,9 @@ A submission's time comes from a source the student cannot write (``time_from``)
 LMS's name for the file (``name``: a ``time`` group in ``--pattern``, or Blackboard's
 ``<id>_attempt_<date>``), the LMS download's own zip entries (``zip``), the files' change
 times in a folder the exchange or a hub wrote (``files``), or the moment of collect
-(``collect``); by default none, and lateness is "unknown". A ``timestamp.txt`` the student
-wrote is only recorded, and flagged where it disagrees.
+(``collect``), or a time the caller was given by the LMS itself (``given``: Gradescope's
+``submission_metadata.json``); by default none, and lateness is "unknown". A
+``timestamp.txt`` the student wrote is only recorded, and flagged where it disagrees.
 
 A notebook that is not valid JSON (truncated, damaged) is imported with a note: it
 scores 0 unless a readable copy is collected. A notebook whose name is not the
@@ -56,7 +57,7 @@ __all__ = ["collect", "collect_exchange", "exchange_inbound", "CollectResult", "
            "EXCHANGE_TIME_SOURCES", "EXCHANGE_IDENTITIES"]
 
 DEFAULT_PATTERN = r"^(?P<student>[^_\s]+)_"
-TIME_SOURCES = ("none", "name", "zip", "files", "collect")
+TIME_SOURCES = ("none", "name", "zip", "files", "collect", "given")
 EXCHANGE_TIME_SOURCES = ("files", "collect", "none")  # never the folder's name: the student's process wrote it
 EXCHANGE_IDENTITIES = ("owner", "name")
 _JUNK = ("__MACOSX", ".ipynb_checkpoints", ".DS_Store", "Thumbs.db", "desktop.ini")
@@ -380,12 +381,16 @@ def _roster_ids(roster: set[str], limits: IntakeLimits) -> set[str]:
 
 def collect(course: Course, source: str | Path, assignment: str | None = None,
             roster: set[str] | None = None, pattern: str | None = None, dry_run: bool = False,
-            time_from: str = "none", timezone: str | None = None, limits: IntakeLimits | None = None) -> CollectResult:
-    """Import every submission in ``source`` (a folder or a zip) for ``assignment``."""
+            time_from: str = "none", timezone: str | None = None, limits: IntakeLimits | None = None,
+            given: dt.datetime | None = None) -> CollectResult:
+    """Import every submission in ``source`` (a folder or a zip) for ``assignment``
+    (``given``: the submission time, naive UTC, with ``time_from="given"``)."""
     from .settings import intake_limits
     limits = limits or intake_limits(course)
     if time_from not in TIME_SOURCES:
         raise CourseError(f"--time-from {time_from!r}: one of {', '.join(TIME_SOURCES)}")
+    if (time_from == "given") != (given is not None):
+        raise CourseError("a given submission time goes with time_from='given'")
     zone = intake._zone(timezone, None) if timezone else dt.timezone.utc
     if zone is None:
         raise CourseError(f"--timezone {timezone!r} is not a time zone (e.g. Europe/Berlin or +01:00)")
@@ -407,7 +412,7 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
     try:
         if not entries:
             raise CourseError(f"{source} holds no files")
-        _collect(course, entries, known, assignment, roster, pattern, dry_run, time_from, result, limits)
+        _collect(course, entries, known, assignment, roster, pattern, dry_run, time_from, result, limits, given)
     finally:
         if archive is not None:
             archive.close()
@@ -437,8 +442,9 @@ def collect_exchange(course: Course, assignment: str, roster: set[str] | None = 
     a file another account wrote into a student's folder rejects that submission. ``"name"``
     believes the names, for hubs where every student runs as one account (Zero to JupyterHub's
     ``jovyan``). ``account`` (``c.Workbook.exchange_account``) names a student's account from their
-    id: ``"{student}"``, or ``"jupyter-{student}"`` on The Littlest JupyterHub. Of a student's submissions, the one whose files changed last counts (the file
-    system's change times, which no process can set back); the time in the name is never read.
+    id: ``"{student}"``, or ``"jupyter-{student}"`` on The Littlest JupyterHub. Of a student's
+    submissions, the one whose files changed last counts (the file system's change times, which no
+    process can set back); the time in the name is never read.
     Every rule of :mod:`autograder.intake` applies as in :func:`collect`.
     """
     from .settings import intake_limits, workbook_settings
@@ -511,7 +517,7 @@ def collect_exchange(course: Course, assignment: str, roster: set[str] | None = 
 
 def _collect(course: Course, entries: list[_Entry], known: set[str], assignment: str | None,
              roster: set[str] | None, pattern: str | None, dry_run: bool, time_from: str,
-             result: CollectResult, limits: IntakeLimits) -> None:
+             result: CollectResult, limits: IntakeLimits, given: dt.datetime | None = None) -> None:
     def layout_assignment(entry: _Entry) -> str | None:
         parts = entry.path.parts if entry.path is not None else ()
         return parts[1] if len(parts) >= 3 and parts[1] in known else None
@@ -576,7 +582,7 @@ def _collect(course: Course, entries: list[_Entry], known: set[str], assignment:
             if not taken.notebooks:
                 names = ", ".join(f"'{shown(e.name)}'" for e, _ in student.entries[:3])
                 raise Refused(f"no notebook among {names}")
-            times = _times(student, matcher, taken, time_from)
+            times = _times(student, matcher, taken, time_from, given)
             if not dry_run:
                 _write(course, assignment, sid, taken, times)
         except Refused as exc:
@@ -661,7 +667,8 @@ def _refuse_lookalikes(course: Course, assignment: str, students: dict[str, _Stu
                                                                  "different students"))
 
 
-def _times(student: _Student, matcher: _Matcher, taken: _Taken, time_from: str) -> dict:
+def _times(student: _Student, matcher: _Matcher, taken: _Taken, time_from: str,
+           given: dt.datetime | None = None) -> dict:
     """The submission's time from a source the student cannot write, and what the
     student's own timestamp.txt claimed."""
     when = None
@@ -675,6 +682,8 @@ def _times(student: _Student, matcher: _Matcher, taken: _Taken, time_from: str) 
         when = max(student.source_times) if student.source_times else None
     elif time_from == "collect":
         when = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    elif time_from == "given":
+        when = given
     claimed = [intake.parse_time(text) for text in taken.claimed]
     problems = []
     for text, time in zip(taken.claimed, claimed):
@@ -692,7 +701,7 @@ def _times(student: _Student, matcher: _Matcher, taken: _Taken, time_from: str) 
 
 
 _SOURCES = {"name": "LMS's file name", "zip": "LMS download", "files": "file system", "collect": "moment of collect",
-            "none": "nothing"}
+            "given": "LMS's record", "none": "nothing"}
 
 
 def _write(course: Course, assignment: str, sid: str, taken: _Taken, times: dict) -> None:

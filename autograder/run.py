@@ -14,6 +14,7 @@ Nothing the student's process sends is read as a score: judging comes after
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -36,14 +37,17 @@ from course_lib.grading.wire import decode
 from .inside.cells import is_test_cell, nbgrader_meta
 from .outbound import clean_output, clean_text
 from .problems import problem
-from . import sandbox
+from . import container, sandbox
 from .inside.channel import MAX_FRAME, FrameReader, ProtocolError
 from .oracle import Oracle
 from .stubs import reference_targets
 
-__all__ = ["Supervisor", "Run", "RUNNER", "cell_errors", "exit_words", "known_item", "cell_label"]
+__all__ = ["Supervisor", "Run", "RUNNER", "ISOLATIONS", "isolation_of", "cell_errors", "exit_words", "known_item",
+           "cell_label"]
 
 RUNNER = Path(__file__).resolve().parent / "inside" / "runner.py"  # its folder is all the sandbox sees of autograder/
+
+ISOLATIONS = ("bubblewrap", "container", "none")  # how a runner is sealed off (none: --unsafe-no-sandbox)
 
 GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
 
@@ -56,6 +60,14 @@ MAX_ANSWERS = 256 * 2**20  # all the answers of one item
 
 STRICT = WireLimits(max_bytes=MAX_FRAME, max_header=4 * 2**20, max_nodes=200_000)  # what the sandbox may send
 
+
+
+def isolation_of(job: dict) -> str:
+    """A job's isolation: its ``isolation``, else ``none`` for ``unsafe_no_sandbox``, else bubblewrap."""
+    found = job.get("isolation") or ("none" if job.get("unsafe_no_sandbox") else "bubblewrap")
+    if found not in ISOLATIONS:
+        raise ValueError(f"unknown isolation {found!r}; one of {', '.join(ISOLATIONS)}")
+    return found
 
 
 def cell_label(index: int, cell: dict) -> str:
@@ -160,6 +172,7 @@ class Supervisor:
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.visible_plans: dict[str, Any] = {}
+        self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
 
     # -- starting -----------------------------------------------------------
     def _setup_message(self) -> dict:
@@ -188,24 +201,36 @@ class Supervisor:
                 break
         return {"type": "setup", "cells": cells, "files": files, "limits": self.limits.__dict__.copy()}
 
+    @property
+    def isolation(self) -> str:
+        """How the runner is sealed off: ``bubblewrap``, ``container`` (autograder/container.py)
+        or ``none`` (``--unsafe-no-sandbox``)."""
+        return isolation_of(self.job)
+
     def start(self) -> None:
         parent, child = socket.socketpair()
         self.sock = parent
-        unsafe = self.job.get("unsafe_no_sandbox", False)
-        if unsafe:
+        limits = self.limits
+        preexec = functools.partial(sandbox.apply_limits, limits)
+        if self.isolation == "none":
             argv = [os.sys.executable, "-s", str(RUNNER)]
             env = _unsafe_env(self.course_copy, child.fileno(), self.job.get("threads", 1), self.job_dir)
             cwd = self.job_dir / "work"
             cwd.mkdir(parents=True, exist_ok=True)
+        elif self.isolation == "container":
+            user = container.ContainerUser(self.job["container_user"])
+            folders = container.make_job_dir(self.job_dir, user, RUNNER.parent)
+            argv, env = container.command(folders["runner"] / RUNNER.name, self.course_copy, folders, user,
+                                          child.fileno(), threads=self.job.get("threads", 1))
+            cwd = folders["home"]
+            preexec = functools.partial(container.preexec, limits)
         else:
             argv = sandbox.command(RUNNER, self.course_copy, self.job_dir, self.limits, self.uid, child.fileno(),
                                    gpu=self.job.get("gpu", False), threads=self.job.get("threads", 1))
             env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.job_dir
         log = open(self.job_dir / "sandbox.log", "wb")
-        limits = self.limits
         self.process = subprocess.Popen(argv, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=log, env=env, cwd=cwd, start_new_session=True,
-                                        preexec_fn=lambda: sandbox.apply_limits(limits))
+                                        stderr=log, env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec)
         log.close()
         child.close()
         from .inside.channel import Channel
@@ -227,10 +252,20 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     pass
                 code = None
+        if self.isolation == "container":  # no PID namespace: whatever the user started, wherever it went
+            user = container.ContainerUser(self.job["container_user"])
+            self.survivors = container.kill_user(user.uid)
+            container.remove_user_files(user.uid)
         if self.sock is not None:
             self.sock.close()
         self.oracle.close()
         return code
+
+    def memory_mb(self) -> float:
+        """Memory in use by all of the notebook's processes."""
+        if self.isolation == "container":  # a process that left the tree is still the user's
+            return container.user_memory_mb(int(self.job["container_user"]["uid"]))
+        return sandbox.tree_memory_mb(self.process.pid)
 
     # -- serving --------------------------------------------------------------
     def serve(self) -> None:
@@ -245,7 +280,7 @@ class Supervisor:
                 # RLIMIT_AS caps each process; the notebook's processes together share
                 # the same limit, checked here
                 next_memory_check = now + MEMORY_CHECK
-                used = sandbox.tree_memory_mb(self.process.pid)
+                used = self.memory_mb()
                 if used > self.limits.memory_mb:
                     run.ended = (f"the notebook's processes together used {used:.0f} MB, more than the "
                                  f"{self.limits.memory_mb} MB limit, and were stopped")
@@ -287,9 +322,20 @@ class Supervisor:
                         break
             except (ProtocolError, KeyError, TypeError, ValueError) as exc:
                 run.ended_at = run.current
+                if self._ended(1.0):  # it did not break the protocol, it died (killed: out of memory?)
+                    run.ended = "the notebook's process ended"
+                    return
                 run.ended = f"the grader stopped the notebook: its process broke the grading protocol ({exc})"
                 run.event("protocol", run.current, run.ended)
                 return
+
+    def _ended(self, wait: float) -> bool:
+        """Whether the runner's process has ended (waiting up to ``wait`` seconds for it)."""
+        try:
+            self.process.wait(timeout=wait)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
 
     def reply(self, message: dict) -> None:
         """Send a reply; a runner that stops reading cannot block the grader."""

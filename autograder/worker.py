@@ -61,9 +61,11 @@ def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandb
     """Run one submitted notebook sealed off, then judge it (see the module docstring). ``job`` holds
     ``notebook`` (JSON text, sanitized, hidden tests included), ``limits``
     (:class:`sandbox.Limits` fields), ``salts`` (item -> salt), ``extra_files``,
-    ``device``, ``threads``, ``gpu`` and ``unsafe_no_sandbox``; ``uid`` is the sandbox's
-    user when the grader runs as root. Returns
-    ``{"notebook", "cells", "items", "problems", "seconds"}``."""
+    ``device``, ``threads``, ``gpu`` and ``isolation`` (``bubblewrap``, ``container`` with its
+    ``container_user``, or ``none``; ``unsafe_no_sandbox`` is ``none``); ``uid`` is the
+    bubblewrap sandbox's user when the grader runs as root. Returns
+    ``{"notebook", "cells", "items", "problems", "seconds", "isolation", "survivors"}``
+    (``survivors``: processes of container mode's user still there after they were killed)."""
     started = time.monotonic()
     job_dir.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(job, course_copy, job_dir, uid)
@@ -88,5 +90,6 @@ def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandb
     cells_out = assemble(sup, results)
     run.events.extend(copies(sup.nb, sup.items))
     return {"notebook": json.dumps(sup.nb), "cells": cells_out, "items": {k: v.as_data() for k, v in results.items()},
-            "problems": run.events, "seconds": time.monotonic() - started, "oracle_calls": sup.oracle.calls}
+            "problems": run.events, "seconds": time.monotonic() - started, "oracle_calls": sup.oracle.calls,
+            "isolation": sup.isolation, "survivors": sup.survivors}
 

@@ -28,6 +28,34 @@ TESTS = Path(__file__).resolve().parent
 SHARED = "WORKBOOK_GRADED_CLASS_DIR"  # set for the whole session by tests/conftest.py
 
 
+def session_secret(name: str, nbytes: int) -> str:
+    """A random hex string, the same in every process of this test session (the controller,
+    the xdist workers and the builder): a test module that hides a secret in a submission
+    (a canary only an honest student knows, a mark in every attacker's files) must look for
+    the one the builder graded, not for one drawn again when a worker imports the module.
+    Derived from a key in the session's shared folder (mode 0700, never mounted into a
+    sandbox); a process outside a session (no shared folder) gets a fresh one."""
+    import hashlib
+    import secrets
+    folder = os.environ.get(SHARED)
+    if not folder:
+        return secrets.token_hex(nbytes)
+    key_file = Path(folder) / "session-key"
+    try:
+        fd = os.open(key_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        for _ in range(100):  # another process is writing it
+            key = key_file.read_text()
+            if key:
+                break
+            time.sleep(0.05)
+    else:
+        key = secrets.token_hex(32)
+        with os.fdopen(fd, "w") as f:
+            f.write(key)
+    return hashlib.sha256(f"{key}:{name}".encode()).hexdigest()[: 2 * nbytes]
+
+
 def start(shared: Path, modules: list[Path]) -> bool:
     """Start the builder for ``modules`` unless a process of this session already did; True
     when this call started it."""

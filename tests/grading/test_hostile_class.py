@@ -52,7 +52,6 @@ import html
 import json
 import os
 import re
-import secrets
 import signal
 import sqlite3
 import subprocess
@@ -65,19 +64,21 @@ import pytest
 
 from conftest import ROOT
 from course_lib.grading import get_spec
+from graded_class import session_secret
 from nbtools import (CLASS, Course, edited, filled, kernel_env, register, snapshot, solution_sources,
                      text)
 
 pytestmark = pytest.mark.slow
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())
-MARK = f"HOSTILE{secrets.token_hex(6)}"  # in every attacker's code, argv and files
+# both drawn once per test session (the builder grades them, a worker's tests look for them)
+MARK = f"HOSTILE{session_secret('hostile-mark', 6)}"  # in every attacker's code, argv and files
 CANARY_PREFIX = "HCANARY"  # attackers search for it; the random part only the honest student knows
 # honest students of this file (the notebooks' own suites add theirs when they run in the
 # same session): in 03, where the system-level attackers look for other students' work,
 # and in 06, the runner attacks' module notebook
 HONEST_IN = ("03_self_attention", "06_transformer")
-CANARIES = {a: f"{CANARY_PREFIX}{secrets.token_hex(10)}" for a in HONEST_IN}
+CANARIES = {a: f"{CANARY_PREFIX}{session_secret('canary-' + a, 10)}" for a in HONEST_IN}
 SOLUTION_MARK = "### BEGIN " + "SOLUTION"  # in solutions/ (the course's source), never in a submission
 HIDDEN_MARK = "BEGIN " + "HIDDEN TESTS"
 SYSTEM = "03_self_attention"  # the notebook the system-level attackers hand in (cheap to run)
