@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup lab test test-fast lint bench browser sandbox postgres release check-release clean-grading
+.PHONY: setup lab test test-fast lint bench browser sandbox postgres hub release check-release clean-grading
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
@@ -43,7 +43,7 @@ lab: $(STAMP)
 WORKERS ?= 2
 XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
-test: $(STAMP) browser sandbox postgres lint
+test: $(STAMP) browser sandbox postgres hub lint
 	$(BIN)/python -m pytest $(XDIST)
 
 # ruff, with the small rule set of pyproject.toml ([tool.ruff]): errors, not style
@@ -76,6 +76,30 @@ postgres:
 	    echo "installing PostgreSQL for the gradebook tests"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	  else echo "note: PostgreSQL not found; the PostgreSQL gradebook tests will be skipped"; fi; }
+
+# A course hub's proxy (deploy/jupyterhub): configurable-http-proxy from npm, pinned by
+# deploy/jupyterhub/package-lock.json, into deploy/jupyterhub/node_modules (the hub test starts
+# a real JupyterHub with it). Node.js and npm are installed here when possible (root with apt-get).
+HUB_PROXY := deploy/jupyterhub/node_modules/.bin/configurable-http-proxy
+
+# The hub test also runs Python as the students' and the grader's accounts, which cannot enter
+# /root (pyenv's Pythons): a Python 3.11 in /usr/bin (Debian's python3.11) is installed here
+# when possible (root with apt-get); otherwise the test uses whichever 3.11 every account can run.
+hub: $(HUB_PROXY)
+	@test -x /usr/bin/python3.11 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || { \
+	  echo "installing Debian's python3.11 for the hub test's accounts"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11 python3.11-venv >/dev/null \
+	  || echo "note: python3.11 not installed; the hub test uses a Python 3.11 every account can run, if any"; }
+
+$(HUB_PROXY): deploy/jupyterhub/package.json deploy/jupyterhub/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Node.js and npm for the hub's proxy"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	  fi; }
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm ci --prefix deploy/jupyterhub --no-audit --no-fund --loglevel=error && touch $(HUB_PROXY); \
+	else echo "note: npm not found (install Node.js 20 or later); the JupyterHub test will be skipped"; fi
 
 # Skip notebook execution and nbgrader runs (seconds instead of minutes).
 test-fast: $(STAMP) lint

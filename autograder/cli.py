@@ -6,6 +6,7 @@
     workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
                                               (--check: only check notebooks/ is in sync)
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
+    workbook collect --exchange ASSIGNMENT    import them from nbgrader's exchange (a hub)
     workbook autograde [ASSIGNMENT ...]       grade in parallel, each submission sealed off
     workbook feedback [ASSIGNMENT ...]        per-student HTML (no hidden test code)
     workbook export [-o FILE]                 grades CSV: every notebook and the total
@@ -16,7 +17,8 @@
     workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
                                               (--names: show student ids; default: numbered)
     workbook formgrader [ASSIGNMENT]          grade the written answers in nbgrader's Formgrader
-                                              (JupyterLab options pass through: --port 8899)
+                                              (JupyterLab options pass through: --port 8899;
+                                              --hub: as a JupyterHub service, deploy/jupyterhub)
     workbook scheduler [OPTIONS]              a Dask scheduler for grading on many machines
     workbook worker ADDRESS [OPTIONS]         a Dask worker of this course (`dask worker`'s options
                                               pass through: --nworkers 2 --nthreads 1)
@@ -73,17 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("assignment", nargs="?")
     p.add_argument("--check", action="store_true", help="only check that notebooks/ is in sync")
 
-    p = sub.add_parser("collect", help="import submissions from a folder or an LMS download")
-    p.add_argument("source", help="a folder or a .zip")
+    p = sub.add_parser("collect", help="import submissions from a folder, an LMS download or nbgrader's exchange")
+    p.add_argument("source", nargs="?", help="a folder or a .zip")
+    p.add_argument("--exchange", metavar="ASSIGNMENT",
+                   help="collect ASSIGNMENT from nbgrader's exchange (a hub's Assignments tab, nbgrader submit): "
+                        "each student's latest submission, checked against the Unix account that wrote it "
+                        "(c.Workbook.exchange_identity), dated by the file system")
     p.add_argument("-a", "--assignment", help="the assignment (needed unless the folders name it)")
     p.add_argument("--roster", help="file of student ids (one per line, or a CSV with an 'id' column)")
     p.add_argument("--pattern", help="regular expression with a (?P<student>...) group for LMS file names")
     p.add_argument("--dry-run", action="store_true", help="report what would be imported; write nothing")
-    p.add_argument("--time-from", choices=("none", "name", "zip", "files", "collect"), default="none",
+    p.add_argument("--time-from", choices=("none", "name", "zip", "files", "collect"),
                    help="where each submission's time comes from (never the student's own timestamp.txt): the "
                         "LMS's file name (a (?P<time>...) group in --pattern, or Blackboard's <id>_attempt_<date>), "
                         "the download's zip entries, the files' change times in a folder the exchange wrote, or "
-                        "now; default none: lateness unknown")
+                        "now; default none: lateness unknown (with --exchange: files)")
     p.add_argument("--timezone", help="the zone of times without one (zip entries, LMS names; default UTC)")
 
     p = sub.add_parser("autograde", help="autograde submissions in parallel")
@@ -155,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("formgrader", help="grade the written answers in nbgrader's Formgrader (opens JupyterLab; "
                                           "JupyterLab options such as --port or --no-browser pass through)")
     p.add_argument("assignment", nargs="?", help="open on this assignment's submissions")
+    p.add_argument("--hub", action="store_true",
+                   help="run as a JupyterHub service (the course's Formgrader on a hub: deploy/jupyterhub), "
+                        "its users signed in by the hub")
 
     sub.add_parser("scheduler", help="start a Dask scheduler for `autograde --scheduler` (`dask scheduler`'s "
                                      "options pass through), with settings that leave the cores to grading")
@@ -249,10 +258,24 @@ def _release(course: Course, args: argparse.Namespace) -> int:
 
 
 def _collect(course: Course, args: argparse.Namespace) -> int:
-    from .collect import collect
+    from .collect import collect, collect_exchange
     roster = _read_roster(args.roster) if args.roster else None
-    result = collect(course, args.source, args.assignment, roster=roster, pattern=args.pattern,
-                     dry_run=args.dry_run, time_from=args.time_from, timezone=args.timezone)
+    if args.exchange:
+        clash = [flag for flag, given in (("SOURCE", args.source), ("--pattern", args.pattern),
+                                          ("--timezone", args.timezone)) if given]
+        if args.assignment and args.assignment != args.exchange:
+            clash.append("-a")
+        if clash:
+            raise CourseError(f"--exchange reads the exchange's inbound folder: {', '.join(clash)} cannot be given "
+                              "with it")
+        result = collect_exchange(course, args.exchange, roster=roster, dry_run=args.dry_run,
+                                  time_from=args.time_from or "files")
+    else:
+        if not args.source:
+            raise CourseError("say where the submissions are: a folder or a .zip (or --exchange ASSIGNMENT for "
+                              "nbgrader's exchange on a hub)")
+        result = collect(course, args.source, args.assignment, roster=roster, pattern=args.pattern,
+                         dry_run=args.dry_run, time_from=args.time_from or "none", timezone=args.timezone)
     verb = "would import" if args.dry_run else "imported"
     for student, notebooks in sorted(result.imported.items()):
         when = result.times.get(student, {}).get("time")
@@ -458,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             from .formgrader import open_formgrader
             from .reports import check_assignments
             check_assignments(course, [args.assignment] if args.assignment else None)
-            return open_formgrader(course, args.assignment, extra)
+            return open_formgrader(course, args.assignment, extra, hub=args.hub)
         if args.command == "status":
             from .reports import status_table
             print(status_table(course, args.assignments or None))

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -52,10 +53,13 @@ from .course import Course, CourseError, read_json, write_json_atomic
 from .intake import IntakeLimits, Refused, shown
 from .problems import problem
 
-__all__ = ["collect", "CollectResult", "DEFAULT_PATTERN", "TIME_SOURCES"]
+__all__ = ["collect", "collect_exchange", "exchange_inbound", "CollectResult", "DEFAULT_PATTERN", "TIME_SOURCES",
+           "EXCHANGE_TIME_SOURCES", "EXCHANGE_IDENTITIES"]
 
 DEFAULT_PATTERN = r"^(?P<student>[^_\s]+)_"
 TIME_SOURCES = ("none", "name", "zip", "files", "collect", "given")
+EXCHANGE_TIME_SOURCES = ("files", "collect", "none")  # never the folder's name: the student's process wrote it
+EXCHANGE_IDENTITIES = ("owner", "name")
 _JUNK = ("__MACOSX", ".ipynb_checkpoints", ".DS_Store", "Thumbs.db", "desktop.ini")
 _BLACKBOARD_TIME = r"_attempt_(?P<time>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)"
 CLAIM_TOLERANCE = dt.timedelta(minutes=1)
@@ -130,7 +134,16 @@ def _zip_entries(zf: zipfile.ZipFile, zone: dt.tzinfo, limits: IntakeLimits) -> 
         yield _Entry(info.filename, path, why, read, _zip_time(info.date_time, zone))
 
 
-def _folder_entries(source: Path, limits: IntakeLimits) -> Iterator[_Entry]:
+def _account(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _folder_entries(source: Path, limits: IntakeLimits, owner: int | None = None) -> Iterator[_Entry]:
+    """Every file under ``source`` (never following a link); with ``owner``, a file another
+    account wrote is a problem (it rejects its student)."""
     for top, dirs, files in os.walk(source, followlinks=False):
         dirs.sort()
         for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
@@ -150,6 +163,9 @@ def _folder_entries(source: Path, limits: IntakeLimits) -> Iterator[_Entry]:
                 why = "a symbolic link (never followed)"
             elif not why and not stat.S_ISREG(info.st_mode):
                 why = "not a regular file"
+            elif not why and owner is not None and info.st_uid != owner:
+                why = (f"written by the account {shown(_account(info.st_uid))}, not by the account that handed the "
+                       f"submission in ({shown(_account(owner))})")
 
             def read(budget: int, full: str = full) -> bytes:
                 fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -400,6 +416,102 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
     finally:
         if archive is not None:
             archive.close()
+    return result
+
+
+def exchange_inbound(course: Course) -> Path:
+    """The folder nbgrader's exchange hands submissions in to: ``<Exchange.root>/<course id>/inbound``."""
+    root = course.setting("Exchange", "root", "/srv/nbgrader/exchange")
+    if not course.course_id:
+        raise CourseError("nbgrader_config.py sets no c.CourseDirectory.course_id: the exchange keeps each course's "
+                          "submissions under its id")
+    return Path(root) / course.course_id / "inbound"
+
+
+def collect_exchange(course: Course, assignment: str, roster: set[str] | None = None, dry_run: bool = False,
+                     time_from: str = "files", identity: str | None = None,
+                     limits: IntakeLimits | None = None, account: str | None = None) -> CollectResult:
+    """Import ``assignment``'s submissions from nbgrader's exchange (a hub's students handed them
+    in with *Submit* in the Assignments tab, or ``nbgrader submit``).
+
+    Each submission is a folder ``<student>+<assignment>+<time>+<random>`` that the student's own
+    process wrote into the inbound folder, so its name is a claim. With ``identity="owner"``
+    (``c.Workbook.exchange_identity``, the default) the folder and every file in it must belong
+    to the Unix account named like the student: a folder handed in under another student's id is
+    an error naming the account that wrote it (it never becomes that student's submission), and
+    a file another account wrote into a student's folder rejects that submission. ``"name"``
+    believes the names, for hubs where every student runs as one account (Zero to JupyterHub's
+    ``jovyan``). ``account`` (``c.Workbook.exchange_account``) names a student's account from their
+    id: ``"{student}"``, or ``"jupyter-{student}"`` on The Littlest JupyterHub. Of a student's
+    submissions, the one whose files changed last counts (the file system's change times, which no
+    process can set back); the time in the name is never read.
+    Every rule of :mod:`autograder.intake` applies as in :func:`collect`.
+    """
+    from .settings import intake_limits, workbook_settings
+    limits = limits or intake_limits(course)
+    settings = workbook_settings(course)
+    identity = identity or settings.exchange_identity
+    account = account or settings.exchange_account
+    if identity not in EXCHANGE_IDENTITIES:
+        raise CourseError(f"c.Workbook.exchange_identity {identity!r}: one of {', '.join(EXCHANGE_IDENTITIES)}")
+    if time_from not in EXCHANGE_TIME_SOURCES:
+        raise CourseError(f"--time-from {time_from} cannot date an exchange submission: the time in its folder's "
+                          "name was written by the student's process; use files (the file system's change times, the "
+                          "default) or collect")
+    known = set(course.released_assignments())
+    if assignment not in known:
+        raise CourseError(f"unknown assignment {assignment!r}; released: {', '.join(sorted(known)) or 'none'}")
+    inbound = exchange_inbound(course)
+    if not inbound.is_dir():
+        raise CourseError(f"{inbound} does not exist: nothing was handed in through the exchange yet (or "
+                          "c.Exchange.root is not the hub's: on a hub, WORKBOOK_EXCHANGE names it)")
+    result = CollectResult()
+    found: dict[str, list[tuple[float, str, list[_Entry]]]] = {}
+    for item in sorted(os.scandir(inbound), key=lambda e: e.name):
+        parts = item.name.split("+")
+        if len(parts) not in (3, 4) or not all(parts[:3]):
+            result.errors.append(f"'{shown(item.name)}' in {inbound}: not a submission of nbgrader's exchange "
+                                 "(<student>+<assignment>+<time>[+<random>])")
+            continue
+        if parts[1] != assignment:
+            result.ignored.append(f"{shown(item.name)}: belongs to assignment {shown(parts[1])}")
+            continue
+        try:
+            info = item.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode):
+                raise Refused("a symbolic link (never followed)" if stat.S_ISLNK(info.st_mode) else "not a folder")
+            student = intake.student_id(parts[0], limits)
+            if identity == "owner" and _account(info.st_uid) != account.replace("{student}", student):
+                raise Refused(f"handed in under the id {student} by the account {shown(_account(info.st_uid))} "
+                              f"(theirs is {shown(account.replace('{student}', student))}, c.Workbook.exchange_account); "
+                              "not imported: a student hands in as themself only")
+        except Refused as exc:
+            result.errors.append(f"'{shown(item.name)}': {exc}")
+            continue
+        entries = list(_folder_entries(Path(item.path), limits, owner=info.st_uid if identity == "owner" else None))
+        if not entries:
+            result.ignored.append(f"{shown(item.name)}: an empty folder")
+            continue
+        for entry in entries:  # as nbgrader's own collect lays them out: <student>/<assignment>/<file>
+            if entry.path is not None:
+                entry.path = PurePosixPath(student, assignment, *entry.path.parts)
+                entry.name = f"{item.name}/{entry.name}"
+            else:  # a name that broke a rule: it still costs its student
+                entry.name = f"{student}/{assignment}/{entry.name}"
+        changed = max([info.st_ctime] + [e.when.replace(tzinfo=dt.timezone.utc).timestamp()
+                                         for e in entries if e.when is not None])
+        found.setdefault(student, []).append((changed, item.name, entries))
+    entries: list[_Entry] = []
+    for student, handed in sorted(found.items()):
+        handed.sort()
+        for _, name, _ in handed[:-1]:
+            result.ignored.append(f"{shown(name)}: an earlier submission of {student} (the one whose files changed "
+                                  f"last counts: {shown(handed[-1][1])})")
+        entries += handed[-1][2]
+    if entries:
+        _collect(course, entries, known, assignment, roster, None, dry_run, time_from, result, limits)
+    elif not result.errors and not result.rejected:
+        raise CourseError(f"no submission of {assignment} in {inbound}")
     return result
 
 

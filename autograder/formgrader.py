@@ -4,6 +4,11 @@ Written answers (markdown cells worth points) are graded by a person, in nbgrade
 Formgrader. This opens JupyterLab on the course folder with nbgrader's instructor
 tools on and the browser at Formgrader's page for the assignment's submissions.
 
+On a hub, ``workbook formgrader --hub`` is the course's service (deploy/jupyterhub): the
+same server under JupyterHub's single-user app, which lets in only the users whose role
+grants access to the service, opening Formgrader's own pages (JupyterLab's Formgrader
+panel is an iframe, which JupyterHub 4.1 and later forbid).
+
 In that session Formgrader's *autograde* and *generate feedback* buttons answer with
 what to run instead (this module is a Jupyter server extension, enabled by
 ``formgrader_config/``): nbgrader would run submissions in ordinary kernels with the
@@ -25,6 +30,9 @@ from .course import Course
 __all__ = ["formgrader_url", "formgrader_command", "open_formgrader"]
 
 CONFIG = Path(__file__).resolve().parent / "formgrader_config"  # Formgrader and this extension on, no news
+# on a hub: JupyterLab's Formgrader panel off (it shows Formgrader in an iframe, which JupyterHub 4.1 and later
+# forbid: frame-ancestors 'none'; nbgrader issue 1870); Formgrader's own pages open instead, as whole pages
+HUB_CONFIG = Path(__file__).resolve().parent / "formgrader_hub_config"
 REFUSED = {  # Formgrader's API routes that run nbgrader's own steps, and what to run instead
     r"/formgrader/api/submission/([^/]+)/([^/]+)/autograde":
         "Formgrader does not autograde this course: its kernels would run the submission with your "
@@ -136,11 +144,18 @@ def formgrader_url(course: Course, assignment: str | None = None) -> str:
     return f"/formgrader/gradebook/{assignment}/{notebook}"
 
 
-def formgrader_command(course: Course, assignment: str | None = None,
-                       lab_args: list[str] = ()) -> tuple[list[str], dict[str, str]]:
-    """(argv, environment) of JupyterLab on the course folder, opening Formgrader."""
+def formgrader_command(course: Course, assignment: str | None = None, lab_args: list[str] = (),
+                       hub: bool = False) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of JupyterLab on the course folder, opening Formgrader; with ``hub``,
+    JupyterHub's single-user server (a hub service: the hub signs its users in and decides who
+    may reach it), opening Formgrader's own page."""
     env = dict(os.environ)
-    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (str(CONFIG), env.get("JUPYTER_CONFIG_PATH")) if p)
+    configs = (str(CONFIG), str(HUB_CONFIG) if hub else "", env.get("JUPYTER_CONFIG_PATH"))
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in configs if p)
+    if hub:
+        env.setdefault("JUPYTERHUB_DEFAULT_URL", formgrader_url(course, assignment))
+        return [sys.executable, "-m", "jupyterhub.singleuser", f"--ServerApp.root_dir={course.root}",
+                *lab_args], env
     argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={course.root}",
             f"--LabApp.default_url={formgrader_url(course, assignment)}", *lab_args]
     if os.geteuid() == 0 and "--allow-root" not in argv:  # containers, CI machines
@@ -148,11 +163,20 @@ def formgrader_command(course: Course, assignment: str | None = None,
     return argv, env
 
 
-def open_formgrader(course: Course, assignment: str | None = None, lab_args: list[str] = ()) -> int:
-    """Start Formgrader on ``course`` (this process becomes JupyterLab), or print the
-    address of the one already running there."""
+def open_formgrader(course: Course, assignment: str | None = None, lab_args: list[str] = (),
+                    hub: bool = False) -> int:
+    """Start Formgrader on ``course`` (this process becomes JupyterLab, or with ``hub`` a
+    JupyterHub service), or print the address of the one already running there."""
     from course_lib.workspace import running_server
 
+    if hub:
+        if not os.environ.get("JUPYTERHUB_SERVICE_NAME"):
+            print("workbook formgrader --hub runs as a JupyterHub service (see deploy/jupyterhub): the hub starts it",
+                  file=sys.stderr)
+            return 2
+        argv, env = formgrader_command(course, assignment, lab_args, hub=True)
+        os.chdir(course.root)
+        os.execve(sys.executable, argv, env)
     server = running_server(course.root)
     if server is not None:
         token = f"?token={server['token']}" if server.get("token") else ""

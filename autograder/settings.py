@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from traitlets import Float, Int, TraitError, Unicode
+from traitlets import Enum, Float, Int, TraitError, Unicode
 from traitlets.config import Configurable
 
 from .course import Course, CourseError
@@ -31,6 +31,16 @@ class Workbook(Configurable):
     max_output_kb = Int(256, help="Output kept per cell, in KB (every kind of output).").tag(config=True)
     threads = Int(1, help="CPU threads per notebook.").tag(config=True)
     scheduler = Unicode("", help="Address of a Dask scheduler to grade on (empty: local processes).").tag(config=True)
+    exchange_identity = Enum(["owner", "name"], "owner", help=(
+        "Who handed a submission in through nbgrader's exchange (`workbook collect --exchange`): 'owner', the Unix "
+        "account that wrote its files, which must be named like the student id in the folder's name (a hub where "
+        "every student has an account: The Littlest JupyterHub, a LocalProcessSpawner or SystemdSpawner); 'name', "
+        "the folder's name alone, where every student runs as one account (Zero to JupyterHub's jovyan): a student "
+        "can then hand in under another's id.")).tag(config=True)
+    exchange_account = Unicode("{student}", help=(
+        "With exchange_identity 'owner': the Unix account of the student with the id {student}, as the hub names it "
+        "('{student}' for PAM and a LocalProcessSpawner; 'jupyter-{student}' on The Littlest JupyterHub, whose "
+        "accounts are jupyter-<hub user>).")).tag(config=True)
 
     def _check(self) -> None:
         for name in ("notebook_timeout", "max_output_kb", "threads"):
@@ -39,6 +49,10 @@ class Workbook(Configurable):
         for name in ("workers", "cell_timeout"):
             if getattr(self, name) < 0:
                 raise CourseError(f"c.Workbook.{name} must be 0 or more, not {getattr(self, name)}")
+        if "{student}" not in self.exchange_account or self.exchange_account.count("{") != 1 \
+                or self.exchange_account.count("}") != 1:
+            raise CourseError(f"c.Workbook.exchange_account must hold {{student}} once and no other braces, not "
+                              f"{self.exchange_account!r}")
         if self.memory_mb < -1:
             raise CourseError(f"c.Workbook.memory_mb must be 0 (none) or a number of MB, not {self.memory_mb}")
 

@@ -145,8 +145,9 @@ def _pyproject(repo: Path) -> str:
     keep = []
     for line in text.splitlines():
         name = re.match(r'\s*"([A-Za-z0-9_.\-\[\]]+)', line)
-        if name and re.split(r"[\[<>=!~ ]", name.group(1))[0] in INSTRUCTOR_ONLY_PACKAGES:
-            continue
+        package = re.split(r"[\[<>=!~ ]", name.group(1))[0] if name else ""
+        if package in INSTRUCTOR_ONLY_PACKAGES or package == "attention-workbook":
+            continue  # the instructor's tools, and the dev extra's own hub extra (a hub installs ".[hub]")
         keep.append(line)
     text = "\n".join(keep) + "\n"
     text = re.sub(r"\n\[project\.scripts\]\n[^\[]*", "\n", text)

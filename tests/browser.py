@@ -130,6 +130,17 @@ class Chromium:
     def navigate(self, url: str) -> None:
         self.send("Page.navigate", url=url)
 
+    def click(self, expression: str) -> None:
+        """Click the middle of the element that a JavaScript expression returns, as a mouse does
+        (moved there, pressed, released): widgets that listen to mouse events (JupyterLab's
+        menus) see a real click."""
+        box = self.evaluate(f"(() => {{ const r = ({expression}).getBoundingClientRect(); "
+                            "return [r.left + r.width / 2, r.top + r.height / 2]; })()")
+        x, y = box
+        self.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        self.send("Input.dispatchMouseEvent", type="mousePressed", x=x, y=y, button="left", clickCount=1)
+        self.send("Input.dispatchMouseEvent", type="mouseReleased", x=x, y=y, button="left", clickCount=1)
+
     def open_offline(self, page: Path, ready: str = "true") -> list[str]:
         """Open a local page with the network cut off, wait until it has loaded and
         ``ready`` (JavaScript) holds; return the http(s) requests it tried."""

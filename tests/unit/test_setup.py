@@ -20,8 +20,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _requirements() -> list[str]:
+    """What `pip install -e ".[dev]"` asks for, the extras the dev extra names
+    (``attention-workbook[hub]``) written out."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return project["dependencies"] + project["optional-dependencies"]["dev"]
+    extras, out = project["optional-dependencies"], list(project["dependencies"])
+    for requirement in extras["dev"]:
+        own = requirement.startswith(project["name"] + "[")
+        out += extras[requirement.split("[")[1].split("]")[0]] if own else [requirement]
+    return out
 
 
 def test_the_claimed_python_floor_is_3_11_0():

@@ -255,3 +255,24 @@ def test_bad_arguments_are_one_line_errors_that_name_them(course, args, words):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].endswith(words) or words in proc.stderr.strip().splitlines()[-1], \
         proc.stderr
+
+
+def test_formgrader_as_a_hub_service_runs_jupyterhubs_single_user_server_and_only_under_a_hub(monkeypatch, capsys):
+    """`workbook formgrader --hub` is JupyterHub's single-user server on the course folder, with
+    JupyterLab's Formgrader panel (an iframe, which JupyterHub >= 4.1 forbids) off and Formgrader's
+    own page as the start page; outside a hub (no JUPYTERHUB_SERVICE_NAME) it refuses."""
+    from autograder.formgrader import CONFIG, HUB_CONFIG, formgrader_command, open_formgrader
+
+    course = Course(Path(__file__).resolve().parents[2])
+    monkeypatch.delenv("JUPYTERHUB_DEFAULT_URL", raising=False)
+    argv, env = formgrader_command(course, "03_self_attention", ["--port", "10101"], hub=True)
+    assert argv[1:4] == ["-m", "jupyterhub.singleuser", f"--ServerApp.root_dir={course.root}"]
+    assert argv[-2:] == ["--port", "10101"]
+    assert env["JUPYTERHUB_DEFAULT_URL"].startswith("/formgrader/gradebook/03_self_attention")
+    assert env["JUPYTER_CONFIG_PATH"].split(os.pathsep)[:2] == \
+        [str(CONFIG), str(HUB_CONFIG)]
+    disabled = json.loads((HUB_CONFIG / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
+    assert disabled["@jupyter/nbgrader:formgrader"] and disabled["@jupyter/nbgrader:assignment-list"]
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_NAME", raising=False)
+    assert open_formgrader(course, None, [], hub=True) == 2
+    assert "runs as a JupyterHub service" in capsys.readouterr().err
