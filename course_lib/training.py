@@ -66,10 +66,14 @@ class TrainHistory:
         return ax
 
 
-def cosine_schedule(steps: int) -> Callable[[int], float]:
+def cosine_schedule(steps: int, warmup: int = 0) -> Callable[[int], float]:
     """Learning-rate factor ``0.5 (1 + cos(π step / steps))`` for ``schedule=``: from 1 at the
-    first step down to 0 at the last."""
-    return lambda step: 0.5 * (1 + math.cos(math.pi * step / max(1, steps)))
+    first step down to 0 at the last. With ``warmup``, the factor first grows linearly
+    over that many steps (``(step + 1) / warmup``): a short run can then use a high peak
+    learning rate without the first, large updates throwing the model off."""
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    return lambda step: min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / max(1, steps)))
 
 
 def train(model: nn.Module, next_batch: Callable[[int], Any], loss_fn: Callable[[nn.Module, Any], Tensor],
