@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for name in tqdm(names, desc="notebooks", unit="nb"):
         runs[name] = run_notebook(REPO / "solutions" / name / f"{name}.ipynb", grading=args.grading)
-        runs[name]["quality"] = quality(name, runs[name].pop("printed"))
+        runs[name]["quality"] = quality(name, runs[name]["printed"])
 
     mode = ("grading mode" if args.grading else "full run") + (f", {args.threads} threads" if args.threads else "") \
         + (f", {args.attention} attention" if args.attention else "")
