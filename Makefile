@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup lab test test-fast bench browser sandbox postgres release check-release clean-grading
+.PHONY: setup lab test test-fast lint bench browser sandbox postgres release check-release clean-grading
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
@@ -36,13 +36,19 @@ setup: $(STAMP) sandbox
 lab: $(STAMP)
 	$(BIN)/python -m course_lib.workspace $(ROOT_FLAG) $(LAB_ARGS)
 
-# Two pytest workers (tests/conftest.py groups the tests: the shared graded class on one,
-# each other file whole). One worker: make test WORKERS=0
+# Two pytest workers, pytest-xdist's own --dist loadfile (each file's tests on one worker,
+# so a notebook executed for one test serves the others in its file); the graded class is
+# built in the background meanwhile (tests/graded_class.py). One process: make test WORKERS=0
+# One layer: .venv/bin/python -m pytest tests/unit (or tests/specs, tests/notebooks, tests/grading)
 WORKERS ?= 2
-XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
-test: $(STAMP) browser sandbox postgres
+test: $(STAMP) browser sandbox postgres lint
 	$(BIN)/python -m pytest $(XDIST)
+
+# ruff, with the small rule set of pyproject.toml ([tool.ruff]): errors, not style
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # The JupyterLab end-to-end test drives headless Chromium. Installed here when possible
 # (root with apt-get, as on CI); otherwise that test is skipped with a note.
@@ -72,7 +78,7 @@ postgres:
 	  else echo "note: PostgreSQL not found; the PostgreSQL gradebook tests will be skipped"; fi; }
 
 # Skip notebook execution and nbgrader runs (seconds instead of minutes).
-test-fast: $(STAMP)
+test-fast: $(STAMP) lint
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 # Benchmarks (not tests): every notebook's wall time against its budget, course_lib's
@@ -81,6 +87,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/notebook_times.py
 	$(BIN)/python benchmarks/attention_fast_path.py
 	$(BIN)/python benchmarks/explorer_update.py
+	PYTHONPATH=. $(BIN)/python benchmarks/intake_limits.py
 
 # Regenerate the student notebooks in notebooks/ from solutions/.
 release: $(STAMP)

@@ -22,6 +22,10 @@ c.CourseDirectory.solution_directory = os.path.join("grading", "solution")
 c.CourseDirectory.source_with_tests_directory = os.path.join("grading", "source_with_tests")
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(here, "grading", "gradebook.db")
 os.makedirs(os.path.join(here, "grading"), exist_ok=True)  # sqlite does not create folders
+# nbgrader's exchange (Formgrader's "release feedback", students' "fetch feedback"): the
+# course's own folder unless a hub shares one (c.Exchange.root = "/srv/nbgrader/exchange")
+c.Exchange.root = os.path.join(here, "grading", "exchange")
+os.makedirs(c.Exchange.root, exist_ok=True)
 
 # The course_lib checks never write to stderr, but a student's own code may make
 # PyTorch or NumPy emit a harmless warning; nbgrader would score such a cell 0.

@@ -22,7 +22,6 @@ It reads the gradebook (one query per assignment) and the reports in
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import html
 import io
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .course import Course, read_json, write_json_atomic
+from .outbound import CSP_META, write_csv
 
 __all__ = ["Grading", "load_gradings", "summarize", "write_report", "difference_kind"]
 
@@ -133,6 +133,11 @@ def difference_kind(message: str) -> str:
     return "other"
 
 
+def _not_attempted(result: dict) -> bool:
+    """The item's cell still holds the released stub (it raised NotImplementedError)."""
+    return any("still contains the stub" in (r.get("message") or "") for r in result.get("results", []))
+
+
 def _failed(result: dict) -> bool:
     return float(result.get("earned", 0.0)) < float(result.get("points", 0.0))
 
@@ -196,10 +201,14 @@ def summarize(gradings: list[Grading], names: bool = False) -> dict[str, Any]:
                     continue
                 item = cell.removeprefix("test_")
                 entry = items.setdefault(item, {"item": item, "notebook": g.notebook, "points": max_score,
-                                                "full": 0, "partial": 0, "none": 0, "subchecks": {}})
+                                                "full": 0, "partial": 0, "none": 0, "not_attempted": 0,
+                                                "subchecks": {}})
                 entry["full" if score >= max_score > 0 else "none" if score <= 0 else "partial"] += 1
                 result = g.items.get(item)
                 if not result:
+                    continue
+                if _not_attempted(result):  # the stub as released: nothing to recognise
+                    entry["not_attempted"] += 1
                     continue
                 for r in result.get("results", []):
                     sub = entry["subchecks"].setdefault(r["title"], {"title": r["title"], "points": r["points"],
@@ -226,10 +235,11 @@ def summarize(gradings: list[Grading], names: bool = False) -> dict[str, Any]:
             per_item_mistakes[row["item"]].append(row)
         item_rows = []
         for item, entry in items.items():
-            subs = sorted(entry["subchecks"].values(), key=lambda s: (-(s["failed"] / s["of"] if s["of"] else 0),
-                                                                      s["title"]))
-            for s in subs:
+            for s in entry["subchecks"].values():  # one denominator on the page: the assignment's students
+                s["failed"] += of[assignment] - s["of"]  # (no result: not attempted, or the notebook not run)
+                s["of"] = of[assignment]
                 s["rate"] = s["failed"] / s["of"] if s["of"] else 0.0
+            subs = sorted(entry["subchecks"].values(), key=lambda s: (-s["rate"], s["title"]))
             item_rows.append({**entry, "subchecks": subs, "mistakes": per_item_mistakes.get(item, [])})
         unrecognised = []
         for group in unknown.values():
@@ -263,7 +273,15 @@ def _example(result: dict, message: str, names: bool, redact) -> str:
     page meant for the class."""
     if result.get("hidden") and not names:
         return "(a hidden sub-check: run with --names to see an example)"
-    return redact(message.split("\n", 1)[0][:240])
+    return redact(_cut(message.split("\n", 1)[0], 240))
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary before ``limit`` characters, with "…"."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0]
+    return (cut if len(cut) > limit // 2 else text[:limit]).rstrip(" ,;:") + " …"
 
 
 def _redactor(ids: list[str]):
@@ -288,6 +306,10 @@ def _png(fig) -> str:
 
 
 def _score_plot(data: dict, assignment: str) -> str:
+    return _png(_score_figure(data, assignment))
+
+
+def _score_figure(data: dict, assignment: str):  # a matplotlib Figure
     import matplotlib.pyplot as plt
 
     scores = data["scores"]
@@ -298,11 +320,12 @@ def _score_plot(data: dict, assignment: str) -> str:
     if any(s["manual"] for s in scores):
         ax.hist([s["manual"] for s in scores], bins=bins, alpha=0.75, label="manual points", color="#ee6677")
     ax.hist([s["score"] for s in scores], bins=bins, histtype="step", lw=2, color="black", label="total")
+    ax.yaxis.get_major_locator().set_params(integer=True)  # students are counted in whole numbers
     ax.set_xlabel(f"points (of {top:g})")
     ax.set_ylabel("students")
     ax.set_title(f"{assignment}: scores of {len(scores)} students")
     ax.legend()
-    return _png(fig)
+    return fig
 
 
 def _items_plot(data: dict, assignment: str) -> str:
@@ -338,6 +361,12 @@ def _mistakes_plot(rows: list[dict], title: str, top: int = 12) -> str:
     return _png(fig)
 
 
+def _plain(label: Any) -> str:
+    """A label matplotlib shows as it is: ``$`` would start its math mode (and bad math
+    stops the whole plot)."""
+    return str(label).replace("$", r"\$")
+
+
 def _heatmap_plot(heatmap: dict) -> str:
     import matplotlib.pyplot as plt
     import numpy as np
@@ -350,7 +379,7 @@ def _heatmap_plot(heatmap: dict) -> str:
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=1, aspect="auto",
                       interpolation="nearest")
     ax.set_xticks(range(len(heatmap["columns"])), heatmap["columns"], rotation=30, ha="right")
-    ax.set_yticks(range(len(rows)), [r["student"] for r in rows], fontsize=7 if len(rows) > 40 else 9)
+    ax.set_yticks(range(len(rows)), [_plain(r["student"]) for r in rows], fontsize=7 if len(rows) > 40 else 9)
     ax.set_title("share of points per notebook (grey: no submission)")
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="share of points")
     return _png(fig)
@@ -392,7 +421,7 @@ def _mistake_table(rows: list[dict], names: bool, with_item: bool = True) -> str
 def render_html(data: dict) -> str:
     """The self-contained page (plots embedded as PNG; no script, no network)."""
     names = data["names"]
-    parts = [f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>What the class got wrong</title>"
+    parts = [f"<!DOCTYPE html><html><head>{CSP_META}<meta charset=\"utf-8\"><title>What the class got wrong</title>"
              f"<style>{_STYLE}</style></head><body>",
              "<h1>What the class got wrong</h1>",
              f"<p>{data['students']} students, {len(data['assignments'])} "
@@ -415,7 +444,8 @@ def render_html(data: dict) -> str:
                      f"({auto:.1f} automatic, {manual:.1f} manual). {a['with_problems']} submissions had "
                      "problems while grading" + (": " + ", ".join(f"{_e(k)} ({n})" for k, n in
                                                                  a["problem_kinds"].items()) if a["problem_kinds"]
-                                                  else "") + ".</p>")
+                                                  else "") + f". Every count below is out of these "
+                     f"{a['students']} students.</p>")
         parts.append(_img(_score_plot(a, assignment), f"{assignment} scores"))
         if a["items"]:
             parts.append(_img(_items_plot(a, assignment), f"{assignment} credit per item"))
@@ -425,9 +455,12 @@ def render_html(data: dict) -> str:
                               f"{assignment} most common mistakes"))
         parts.append(_mistake_table(a["mistakes"], names))
         for item in a["items"]:
-            n = item["full"] + item["partial"] + item["none"]
+            n = a["students"]
+            tried = item["none"] - item["not_attempted"]
             parts.append(f"<h3>{_e(item['item'])} <span class=\"muted\">({item['points']:g} points)</span></h3>"
-                         f"<p>full credit {item['full']} of {n}, partial {item['partial']}, none {item['none']}.</p>")
+                         f"<p>full credit {item['full']} of {n}, partial {item['partial']}, none {tried}"
+                         + (f", not attempted {item['not_attempted']} (the stub as released)" if item["not_attempted"]
+                            else "") + ".</p>")
             failing = [s for s in item["subchecks"] if s["failed"]]
             if failing:
                 parts.append("<table><tr><th>sub-check, by failure rate</th><th>failed</th></tr>" + "".join(
@@ -452,11 +485,7 @@ def render_html(data: dict) -> str:
 
 
 def _write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "; ".join(v) if isinstance(v, list) else v for k, v in row.items()})
+    write_csv(path, [{k: "; ".join(v) if isinstance(v, list) else v for k, v in row.items()} for row in rows], columns)
 
 
 def write_report(course: Course, out_dir: str | Path | None = None, assignments: list[str] | None = None,

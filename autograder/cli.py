@@ -1,6 +1,8 @@
 """``workbook``: the instructor's one command, from release to grades.
 
     workbook check                            is this machine ready to grade? (the sandbox, the gradebook)
+    workbook gradebook migrate                copy grading/gradebook.db into db_url's database
+    workbook student-edition OUT              the repository students receive (no solutions, no hidden tests)
     workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
                                               (--check: only check notebooks/ is in sync)
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
@@ -27,6 +29,7 @@ import sys
 from pathlib import Path
 
 from .course import Course, CourseError
+from .intake import shown
 
 __all__ = ["main", "build_parser"]
 
@@ -54,6 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("check", help="is this machine ready to grade? (the grading sandbox, the gradebook)")
 
+    p = sub.add_parser("student-edition", help="write the repository students receive: notebooks, course_lib "
+                                               "without hidden checks, the README's student part; no solutions")
+    p.add_argument("out", help="a new folder")
+
+    p = sub.add_parser("gradebook", help="gradebook housekeeping: `gradebook migrate` copies the SQLite gradebook "
+                                         "into the database db_url names (e.g. PostgreSQL)")
+    p.add_argument("action", choices=["migrate"])
+    p.add_argument("--from", dest="source", help="the gradebook to copy (default: sqlite:///grading/gradebook.db)")
+    p.add_argument("--to", dest="target", help="the empty gradebook to fill (default: db_url of nbgrader_config.py)")
+
     p = sub.add_parser("release", help="regenerate the student notebooks from solutions/")
     p.add_argument("assignment", nargs="?")
     p.add_argument("--check", action="store_true", help="only check that notebooks/ is in sync")
@@ -64,12 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--roster", help="file of student ids (one per line, or a CSV with an 'id' column)")
     p.add_argument("--pattern", help="regular expression with a (?P<student>...) group for LMS file names")
     p.add_argument("--dry-run", action="store_true", help="report what would be imported; write nothing")
+    p.add_argument("--time-from", choices=("none", "name", "zip", "files", "collect"), default="none",
+                   help="where each submission's time comes from (never the student's own timestamp.txt): the "
+                        "LMS's file name (a (?P<time>...) group in --pattern, or Blackboard's <id>_attempt_<date>), "
+                        "the download's zip entries, the files' change times in a folder the exchange wrote, or "
+                        "now; default none: lateness unknown")
+    p.add_argument("--timezone", help="the zone of times without one (zip entries, LMS names; default UTC)")
 
     p = sub.add_parser("autograde", help="autograde submissions in parallel")
     p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
     p.add_argument("-s", "--student", action="append", help="only this student (repeatable)")
     # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/settings.py)
-    p.add_argument("-j", "--workers", type=int, help="worker processes (default: one per core)")
+    p.add_argument("-j", "--workers", type=_positive, help="worker processes (default: one per core)")
     p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
     p.add_argument("--notebook-timeout", type=_positive, help="seconds per notebook (default 1800)")
     p.add_argument("--memory-mb", type=_memory,
@@ -184,18 +203,21 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
     from .collect import collect
     roster = _read_roster(args.roster) if args.roster else None
     result = collect(course, args.source, args.assignment, roster=roster, pattern=args.pattern,
-                     dry_run=args.dry_run)
+                     dry_run=args.dry_run, time_from=args.time_from, timezone=args.timezone)
     verb = "would import" if args.dry_run else "imported"
     for student, notebooks in sorted(result.imported.items()):
-        notes = "".join(f"\n    note: {n['message']}" for n in result.notes.get(student, []))
-        print(f"  {student}: {', '.join(notebooks)}{notes}")
+        when = result.times.get(student, {}).get("time")
+        notes = "".join(f"\n    note: {shown(n['message'], 400)}" for n in result.notes.get(student, []))
+        print(f"  {student}: {', '.join(notebooks)}" + (f" (handed in {when} UTC)" if when else "") + notes)
     for line in result.ignored:
-        print(f"  ignored {line}")
+        print(f"  ignored {shown(line, 400)}")
+    for student, why in sorted(result.rejected.items()):
+        print(f"  REJECTED {student}: {shown(why, 400)}", file=sys.stderr)
     for line in result.errors:
-        print(f"  ERROR {line}", file=sys.stderr)
-    print(f"{verb} {len(result.imported)} students; {len(result.ignored)} files ignored; "
-          f"{len(result.errors)} errors")
-    return 1 if result.errors else 0
+        print(f"  ERROR {shown(line, 400)}", file=sys.stderr)
+    print(f"{verb} {len(result.imported)} students; {len(result.rejected)} rejected; {len(result.ignored)} files "
+          f"ignored; {len(result.errors)} errors")
+    return 1 if result.errors or result.rejected else 0
 
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
@@ -227,28 +249,55 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
     from .reports import check_assignments
     check_assignments(course, args.assignments, released=True)
     for assignment in assignments:
+        unknown = [s for s in args.student or [] if s not in course.submitted_students(assignment)]
+        if unknown:
+            known = course.submitted_students(assignment)
+            raise CourseError(f"no submission of {assignment} for: {', '.join(map(shown, unknown))} (collected: "
+                              f"{', '.join(known[:8]) + (' …' if len(known) > 8 else '') if known else 'nobody'})")
+    for assignment in assignments:
         bar = None
+        counts = {"kept": 0, "graded": 0}
         if not args.quiet:
             from tqdm.auto import tqdm
             from .cluster import WorkerTally
+            from .release import recorded_notebooks
             total = len(args.student or course.submitted_students(assignment)) * \
-                len(course.gradebook_notebooks(assignment))
+                len(recorded_notebooks(course, assignment))
             bar = tqdm(total=total, desc=f"autograde {assignment}", unit="notebook")
             tally = WorkerTally()
 
-            def show(record: dict) -> None:
-                bar.update(1)
-                if record.get("worker"):  # graded on a cluster: done / failed / remaining per worker
-                    tally.add(record["worker"], record["status"] == "failed")
-                    bar.set_postfix_str(tally.line(bar.total - bar.n), refresh=True)
-        reports = autograde(course, assignment, options, progress=show if bar else None)
+        def show(record: dict) -> None:
+            counts["kept" if record.get("status") == "kept" else "graded"] += 1
+            if bar is None:
+                return
+            bar.update(1)
+            if record.get("worker"):  # graded on a cluster: done / failed / remaining per worker
+                tally.add(record["worker"], record["status"] == "failed")
+                bar.set_postfix_str(tally.line(bar.total - bar.n), refresh=True)
+        reports = autograde(course, assignment, options, progress=show)
         if bar:
             bar.close()
-        failed = sum(1 for r in reports for n in r["notebooks"].values() if n["status"] == "failed")
-        flagged = sum(1 for r in reports for n in r["notebooks"].values() if n["problems"])
-        print(f"{assignment}: graded {len(reports)} students ({failed} notebooks could not be graded, "
-              f"{flagged} with problems; see `workbook status`)")
+        print(f"{assignment}: {_graded_words(reports, counts)}")
+        for report in reports:
+            for record in report["notebooks"].values():
+                for p in record.get("problems", []):
+                    if p["kind"] == "rejected":
+                        print(f"  REJECTED {report['student']} {record['notebook']}: {shown(p['message'], 400)}")
+        for why in course.refused_folders(assignment):
+            print(f"  NOT GRADED {shown(why, 400)}")
     return 0
+
+
+def _graded_words(reports: list[dict], counts: dict[str, int]) -> str:
+    """What a run of autograde did, in words: what it graded, what it kept from an earlier run."""
+    if not counts["graded"]:
+        return (f"nothing new to grade; {len(reports)} students already graded with these notebooks, course and "
+                "limits (`--force` grades them again)")
+    failed = sum(1 for r in reports for n in r["notebooks"].values() if n["status"] == "failed")
+    flagged = sum(1 for r in reports for n in r["notebooks"].values() if n["problems"])
+    kept = f"; {counts['kept']} notebooks already graded were kept" if counts["kept"] else ""
+    return (f"graded {counts['graded']} notebooks of {len(reports)} students ({failed} could not be graded, "
+            f"{flagged} with problems; see `workbook status`){kept}")
 
 
 def _feedback(course: Course, args: argparse.Namespace) -> int:
@@ -302,11 +351,25 @@ def main(argv: list[str] | None = None) -> int:
         exec_dask(args.command, ([args.address] if args.command == "worker" else []) + extra, course)
     try:
         course = Course(args.course) if args.course else Course()
+        if args.command not in ("gradebook", "check", "student-edition"):
+            from .migrate import check_switch
+            check_switch(course)  # a gradebook moved to a server, the grades left behind: say so, every time
         if args.command in ("feedback", "export", "report", "status"):
             from .reports import check_assignments
             check_assignments(course, getattr(args, "assignments", None))
         if args.command == "check":
             return _check(course)
+        if args.command == "student-edition":
+            from .student_edition import write_edition
+            for line in write_edition(course, Path(args.out)):
+                print(f"  {line}")
+            print(f"student edition written to {args.out}: its README says how to start (make lab)")
+            return 0
+        if args.command == "gradebook":
+            from .migrate import migrate
+            copied = migrate(course, args.source, args.target)
+            print("copied " + ", ".join(f"{n} {t}" for t, n in copied.items() if n) + " into the gradebook")
+            return 0
         if args.command == "release":
             return _release(course, args)
         if args.command == "collect":

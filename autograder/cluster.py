@@ -32,19 +32,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import hashlib
 import os
 import shutil
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .course import Course, CourseError, find_course_root
+from .manifest import course_manifest, manifest_differences, manifest_fingerprint
 
 __all__ = ["CourseMismatch", "course_manifest", "manifest_fingerprint", "manifest_differences",
            "cached_course_copy", "grade_task", "run_on_cluster", "WorkerTally", "CLUSTER_UID_BASE",
@@ -100,81 +99,6 @@ def exec_dask(role: str, args: list[str], course: Path | None = None) -> None:
     if not dask.exists():
         dask = Path(shutil.which("dask") or "dask")
     os.execve(str(dask), [str(dask), role, *args], dask_environment(dict(os.environ), course))
-
-
-# ---------------------------------------------------------------------------
-# What grading depends on
-# ---------------------------------------------------------------------------
-
-SETTLED_NS = 2 * 10**9  # a file untouched this long may have its digest kept (see _file_digest)
-_DIGESTS: dict[str, tuple[tuple[int, ...], str]] = {}  # path -> (its stat when hashed, sha256)
-_DIGESTS_LOCK = threading.Lock()
-
-
-def _file_digest(path: Path) -> str:
-    """The sha256 of ``path``, kept in this process while the file's size, modification
-    and change times and inode stay the same: a long-lived worker stats every course
-    file for each task but hashes only what changed. Any write, ``utime`` or ``chmod``
-    moves the change time (which no one can set back), so an edit is never missed; a
-    file changed within the last ``SETTLED_NS`` is hashed every time, as a second write
-    within one timestamp tick would leave its times as they were."""
-    def state() -> tuple[int, ...]:
-        st = path.stat()
-        return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
-
-    before = state()
-    with _DIGESTS_LOCK:
-        known = _DIGESTS.get(str(path))
-    if known and known[0] == before:
-        return known[1]
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if time.time_ns() - max(before[1], before[2]) > SETTLED_NS and state() == before:
-        with _DIGESTS_LOCK:
-            _DIGESTS[str(path)] = (before, digest)
-    return digest
-
-
-def _digest_tree(root: Path, prefix: str, out: dict[str, str]) -> None:
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts:
-            out[f"{prefix}/{p.relative_to(root).as_posix()}"] = _file_digest(p)
-
-
-def course_manifest(course: Course) -> dict[str, str]:
-    """``name -> sha256`` of every file grading depends on: the imported course_lib and
-    autograder packages, the assignment sources (``solutions/``) and ``nbgrader_config.py``."""
-    import course_lib
-    out: dict[str, str] = {}
-    _digest_tree(Path(course_lib.__file__).parent, "course_lib", out)
-    _digest_tree(Path(__file__).parent, "autograder", out)
-    _digest_tree(course.source_dir, course.source_dir.name, out)
-    config = course.root / "nbgrader_config.py"
-    out["nbgrader_config.py"] = _file_digest(config)
-    return out
-
-
-def manifest_fingerprint(manifest: dict[str, str]) -> str:
-    """One short hash of a manifest."""
-    h = hashlib.sha256()
-    for name in sorted(manifest):
-        h.update(f"{name}\0{manifest[name]}\n".encode())
-    return h.hexdigest()[:16]
-
-
-def manifest_differences(expected: dict[str, str], local: dict[str, str], limit: int = 8) -> list[str]:
-    """What differs between the instructor's manifest and a worker's, in words
-    (``course_lib/attention.py differs``); empty when they are the same."""
-    out = []
-    for name in sorted(set(expected) | set(local)):
-        if name not in local:
-            out.append(f"{name} is missing on the worker")
-        elif name not in expected:
-            out.append(f"{name} exists only on the worker")
-        elif expected[name] != local[name]:
-            out.append(f"{name} differs")
-    if len(out) > limit:
-        out = out[:limit] + [f"and {len(out) - limit} more"]
-    return out
 
 
 def _worker_course() -> Course:
@@ -270,7 +194,8 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
     import logging
 
     import torch
-    from .autograde import _test_items, run_job
+    from .prepare import test_items
+    from .worker import run_job
     from .sandbox import SANDBOX_UID_BASE
     from .stubs import build_course_copy
 
@@ -288,7 +213,7 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
     import nbformat
     from course_lib.grading.registry import all_specs
     known = all_specs()
-    items = [i for i in _test_items(nbformat.reads(job["notebook"], as_version=4)) if i in known]
+    items = [i for i in test_items(nbformat.reads(job["notebook"], as_version=4)) if i in known]
     scratch = Path(tempfile.mkdtemp(prefix="workbook-task-"))
     try:
         scratch.chmod(0o711)
@@ -337,13 +262,14 @@ def connect(address: str):
     except Exception as exc:  # OSError, TimeoutError, ValueError (a malformed address)
         raise CourseError(f"cannot reach the Dask scheduler at {address!r} ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}); start one with "
-                          "`dask scheduler` and workers with `dask worker ADDRESS`") from None
+                          "`workbook scheduler` and workers with `workbook worker ADDRESS` in the course "
+                          "folder") from None
     try:
         client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS_S)
     except Exception:
         client.close()
         raise CourseError(f"no Dask worker joined the scheduler at {address} within {WAIT_FOR_WORKERS_S} s; "
-                          "start workers with `dask worker ADDRESS` in the course folder") from None
+                          "start workers with `workbook worker ADDRESS` in the course folder") from None
     return client
 
 

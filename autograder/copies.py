@@ -42,7 +42,7 @@ class _Normaliser(ast.NodeTransformer):
                 and isinstance(body[0].value.value, str):
             node.body = body[1:] or [ast.Pass()]
 
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:  # noqa: N802
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
         self._strip_docstring(node)
         node.name = "f"
         node.decorator_list = []
@@ -50,20 +50,20 @@ class _Normaliser(ast.NodeTransformer):
         self.generic_visit(node)
         return node
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
+    visit_AsyncFunctionDef = visit_FunctionDef
 
-    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:  # noqa: N802
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
         self._strip_docstring(node)
         node.name = "C"
         self.generic_visit(node)
         return node
 
-    def visit_arg(self, node: ast.arg) -> ast.AST:  # noqa: N802
+    def visit_arg(self, node: ast.arg) -> ast.AST:
         node.arg = self._name(node.arg)
         node.annotation = None
         return node
 
-    def visit_Name(self, node: ast.Name) -> ast.AST:  # noqa: N802
+    def visit_Name(self, node: ast.Name) -> ast.AST:
         node.id = self._name(node.id)
         return node
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
 from traitlets.config import Config, PyFileConfigLoader
 
@@ -182,36 +182,34 @@ class Course:
         folder = self.release_dir / assignment
         return {p.stem: p for p in sorted(folder.glob("*.ipynb"))}
 
-    def gradebook_notebooks(self, assignment: str) -> list[str]:
-        """Notebook names of ``assignment`` in the gradebook (recorded by ``release``;
-        recorded here from ``solutions/`` if the gradebook does not have it yet)."""
-        with self.gradebook() as gb:
-            try:
-                return [nb.name for nb in gb.find_assignment(assignment).notebooks]
-            except MissingEntry:
-                pass
-        self.record_assignment(assignment)  # released elsewhere: record it from solutions/
-        with self.gradebook() as gb:
-            return [nb.name for nb in gb.find_assignment(assignment).notebooks]
-
-    def record_assignment(self, assignment: str) -> None:
-        """Record ``assignment`` (its notebooks, graded cells, locked cells and hidden
-        tests) from the source folder in this course's gradebook, with nbgrader's
-        ``generate_assignment``; the release folder is left as it is."""
-        from .release import generate
-
-        generate(assignment, None, self, record=True)
-
     def submitted_assignments(self) -> list[str]:
         """Assignments that have at least one submission folder."""
         if not self.submitted_dir.is_dir():
             return []
-        found = {p.name for student in self.submitted_dir.iterdir() if student.is_dir()
+        found = {p.name for student in self.submitted_dir.iterdir() if student.is_dir() and not student.is_symlink()
                  for p in student.iterdir() if p.is_dir()}
         return sorted(found)
 
     def submitted_students(self, assignment: str) -> list[str]:
+        """Students with a submission folder of ``assignment``, whose folder name is a
+        student id (:func:`autograder.intake.student_id`; see :meth:`refused_folders`)."""
+        return sorted(name for name, why in self._submission_folders(assignment) if not why)
+
+    def refused_folders(self, assignment: str) -> list[str]:
+        """Why each submission folder of ``assignment`` whose name is no student id is left
+        alone (put there by hand, not by ``workbook collect``), its name escaped."""
+        return [why for _, why in self._submission_folders(assignment) if why]
+
+    def _submission_folders(self, assignment: str) -> list[tuple[str, str]]:
+        from .intake import Refused, student_id
         if not self.submitted_dir.is_dir():
             return []
-        return sorted(s.name for s in self.submitted_dir.iterdir()
-                      if (s / assignment).is_dir())
+        found = []
+        for folder in self.submitted_dir.iterdir():
+            if folder.is_symlink() or not (folder / assignment).is_dir() or (folder / assignment).is_symlink():
+                continue
+            try:
+                found.append((student_id(folder.name), ""))
+            except Refused as exc:
+                found.append((folder.name, f"grading/submitted/: {exc}; not graded"))
+        return sorted(found)

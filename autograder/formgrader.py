@@ -42,8 +42,71 @@ def _jupyter_server_extension_points() -> list[dict]:
     return [{"module": "autograder.formgrader"}]
 
 
+# a submission's page, and the files beside it that nbgrader would serve from the autograded folder
+SUBMISSION_PAGE = r"/formgrader/submissions/(?!components/)([^/]+)/?"
+SUBMISSION_FILE = r"/formgrader/submissions/(?!components/)([^/]+)/(.*\.[^/]*)"
+
+
+def _safe_handlers() -> list[tuple[str, type]]:
+    """Formgrader's submission page rendered by :class:`autograder.outbound.SafeHTMLExporter`
+    (the student's markdown and outputs through the sanitiser: the page runs in the
+    instructor's Jupyter session), and nothing served from a submission's folder."""
+    from nbgrader.server_extensions.formgrader.apihandlers import BaseApiHandler
+    from nbgrader.server_extensions.formgrader.handlers import SubmissionHandler
+    from tornado import web
+
+    from .outbound import SafeHTMLExporter
+
+    class SafeSubmission(SubmissionHandler):
+        @property
+        def exporter(self):
+            safe = self.settings.get("workbook_safe_exporter")
+            if safe is None:
+                safe = SafeHTMLExporter(config=self.settings["nbgrader_exporter"].config)
+                self.settings["workbook_safe_exporter"] = safe
+            return safe
+
+    class ReleaseFeedback(BaseApiHandler):
+        """Formgrader's "release feedback": nbgrader's exchange release for every student who
+        handed in through the exchange (it names their page by the secret it gave them); the
+        others, collected from an LMS download, are named: their pages go back through the LMS."""
+
+        @web.authenticated
+        def post(self, assignment: str) -> None:
+            root = Path(self.coursedir.root) / self.coursedir.feedback_directory
+            released, lms, failed = [], [], []
+            for folder in sorted(root.glob(f"*/{assignment}")):
+                student = folder.parent.name
+                if not any(folder.glob("*.html")):
+                    continue
+                if not ((folder / "submission_secret.txt").is_file() and (folder / "timestamp.txt").is_file()):
+                    lms.append(student)
+                    continue
+                result = self.api.release_feedback(assignment, student)
+                (released if result.get("success") else failed).append(student)
+            words = [f"released the feedback of {len(released)} students to the exchange"]
+            if lms:
+                words.append(f"{len(lms)} handed in through an LMS download, not the exchange ({', '.join(lms[:10])}"
+                             f"{' …' if len(lms) > 10 else ''}): return their pages from grading/feedback/<student>/ "
+                             "through the LMS")
+            if failed:
+                words.append(f"the exchange refused {', '.join(failed)}: see the server's log")
+            message = "; ".join(words) + "."
+            self.finish(json.dumps({"success": bool(released) and not failed, "log": message,
+                                    **({} if released and not failed else {"error": message})}))
+
+    class NoSubmissionFiles(SubmissionHandler):
+        @web.authenticated
+        def get(self, *args: str) -> None:
+            raise web.HTTPError(404, "the workbook's Formgrader serves no files of a submission")
+
+    return [(SUBMISSION_PAGE, SafeSubmission), (SUBMISSION_FILE, NoSubmissionFiles),
+            (r"/formgrader/api/assignment/([^/]+)/release_feedback", ReleaseFeedback)]
+
+
 def _load_jupyter_server_extension(serverapp) -> None:
-    """Put the refusals in front of every other route (Formgrader's included)."""
+    """Put the refusals and the safe submission page in front of every other route
+    (Formgrader's included)."""
     from jupyter_server.base.handlers import JupyterHandler
     from jupyter_server.utils import url_path_join
     from tornado import web
@@ -57,7 +120,9 @@ def _load_jupyter_server_extension(serverapp) -> None:
         return Refuse
 
     app = serverapp.web_app
-    handlers = [(url_path_join(app.settings["base_url"], route), refusal(message)) for route, message in REFUSED.items()]
+    base = app.settings["base_url"]
+    handlers = [(url_path_join(base, route), refusal(message)) for route, message in REFUSED.items()]
+    handlers += [(url_path_join(base, route), handler) for route, handler in _safe_handlers()]
     app.default_router.rules.insert(0, Rule(HostMatches(".*$"), web._ApplicationRouter(app, handlers)))
 
 
@@ -65,7 +130,8 @@ def formgrader_url(course: Course, assignment: str | None = None) -> str:
     """The path of Formgrader's page: the assignment's submissions, or its overview."""
     if assignment is None:
         return "/formgrader/gradebook"
-    notebooks = course.gradebook_notebooks(assignment)
+    from .release import recorded_notebooks
+    notebooks = recorded_notebooks(course, assignment)
     notebook = assignment if assignment in notebooks or not notebooks else notebooks[0]
     return f"/formgrader/gradebook/{assignment}/{notebook}"
 

@@ -30,8 +30,8 @@ MAX_REQUEST = 64 * 2**20
 MAX_REPLY = 64 * 2**20
 
 
-def _code_objects(obj: Any) -> set:
-    from course_lib.grading.calls import _code_objects as codes
+def code_objects(obj: Any) -> set:
+    from course_lib.grading.calls import code_objects as codes
     return codes(obj)
 
 
@@ -88,11 +88,11 @@ def _serve(conn: socket.socket, targets: dict[str, Any], memory_mb: int | None) 
         try:
             request = decode(raw)
             reply = _answer(request, targets)
-        except Exception as exc:  # noqa: BLE001 - report, never die
+        except Exception as exc:  # report, never die
             reply = {"ok": False, "text": f"course_lib's reference failed: {type(exc).__name__}: {str(exc)[:300]}"}
         try:
             data = encode(reply)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             data = encode({"ok": False, "text": f"the reference's result could not be sent: {exc}"})
         if len(data) > MAX_REPLY:
             data = encode({"ok": False, "text": "the reference's result is too large to send while grading"})
@@ -119,12 +119,12 @@ def _answer(request: dict, targets: dict[str, Any]) -> dict:
     watch = set()
     for other in request.get("watch", []):
         if other in targets:
-            watch |= _code_objects(targets[other])
+            watch |= code_objects(targets[other])
     args, kwargs = realise(request.get("args", ())), realise(request.get("kwargs", {}))
     generators = [v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Generator)]
     touched: list[str] = []
 
-    def profiler(frame, event, arg):  # noqa: ANN001
+    def profiler(frame, event, arg):
         if event == "call" and frame.f_code in watch:
             touched.append(frame.f_code.co_name)
 
@@ -181,10 +181,10 @@ class Oracle:
             code = 0
             try:
                 parent.close()
-                from .pool import _die_with_parent
-                _die_with_parent()
+                from .pool import die_with_parent
+                die_with_parent()
                 _serve(child, refs, self.memory_mb)
-            except BaseException:  # noqa: BLE001
+            except BaseException:
                 code = 1
             finally:
                 os._exit(code)
@@ -233,7 +233,7 @@ class Oracle:
             request["grad_outputs"] = message["grad_outputs"]
         try:
             data = encode(request)
-        except Exception:  # noqa: BLE001
+        except Exception:
             return {"ok": False, "text": "the arguments could not be sent to the reference"}
         if len(data) > MAX_REQUEST:
             return {"ok": False, "text": "the arguments are too large for course_lib's reference while grading"}

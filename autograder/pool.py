@@ -27,7 +27,7 @@ __all__ = ["WorkerPool"]
 _CONTEXT = mp.get_context("spawn")
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask the kernel to kill this process when its parent dies (Linux)."""
     try:
         import ctypes
@@ -39,7 +39,7 @@ def _die_with_parent() -> None:
 
 def _worker_loop(conn: Connection, handler: Callable[[dict], dict], init: Callable[[int], None] | None,
                  slot: int) -> None:
-    _die_with_parent()
+    die_with_parent()
     if init is not None:
         init(slot)
     while True:
@@ -51,7 +51,7 @@ def _worker_loop(conn: Connection, handler: Callable[[dict], dict], init: Callab
             return
         try:
             result = handler(job)
-        except BaseException as exc:  # noqa: BLE001 - report, never die silently
+        except BaseException as exc:  # report, never die silently
             result = {"job_id": job.get("job_id"), "crash": f"{type(exc).__name__}: {exc}"}
         conn.send(result)
 

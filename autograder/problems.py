@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["Problem", "KINDS", "FLAGS", "problem"]
+__all__ = ["Problem", "KINDS", "FLAGS", "WHOLE_SUBMISSION", "problem"]
 
 
 class Problem(TypedDict):
@@ -20,7 +20,10 @@ class Problem(TypedDict):
 
 
 KINDS: dict[str, str] = {
-    # the submitted file (collect, autograde)
+    # the submitted file (collect, autograde: autograder/intake.py)
+    "rejected": "the submission broke a rule of what may be handed in (a size, an archive, a name); it scores 0",
+    "timestamp_claim": "the submission's own timestamp.txt was unreadable or disagreed with the trusted time",
+    "lookalike_ids": "the student's id looks like another student's (alice, aIice): check they are two students",
     "missing": "no notebook was handed in",
     "symlink": "a symbolic link was handed in instead of a file; it was not read",
     "invalid_json": "the notebook is not valid JSON (truncated or damaged)",
@@ -31,6 +34,7 @@ KINDS: dict[str, str] = {
     "edited_locked": "a locked cell was edited; the original was put back",
     "duplicate_cells": "a graded cell appears more than once; only the first counts",
     "deleted_cells": "a graded cell was deleted; the original was put back",
+    "foreign_cell": "a cell claimed a graded id the assignment does not have; it was graded as an ordinary cell",
     # running it (the sandbox)
     "error": "a cell raised an error",
     "cell_timeout": "a cell ran past the time limit of a cell",
@@ -52,7 +56,8 @@ KINDS: dict[str, str] = {
 }
 
 # problems for the instructor to look at, not reasons a notebook lost points
-FLAGS = frozenset({"copied_reference", "reference_used"})
+FLAGS = frozenset({"copied_reference", "reference_used", "timestamp_claim", "lookalike_ids"})
+WHOLE_SUBMISSION = frozenset({"timestamp_claim", "lookalike_ids"})  # notes of collect that concern every notebook
 
 
 def problem(kind: str, message: str, cell: str = "") -> Problem:

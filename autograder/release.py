@@ -28,7 +28,7 @@ from traitlets.config import Config
 
 from .course import Course, CourseError
 
-__all__ = ["ROOT", "assignments", "generate", "release", "out_of_date", "check"]
+__all__ = ["ROOT", "assignments", "generate", "release", "out_of_date", "check", "recorded_notebooks"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,6 +90,22 @@ def generate(assignment: str, dest: Path | None, course: Course | None = None, r
     for nb in target.glob("*.ipynb"):
         _normalise(nb)
     return target
+
+
+def recorded_notebooks(course: Course, assignment: str) -> list[str]:
+    """Notebook names of ``assignment`` in the gradebook (recorded by ``release``; recorded
+    here from ``solutions/`` with nbgrader's ``generate_assignment`` when the gradebook does
+    not have it yet, the release folder left as it is)."""
+    from nbgrader.api import MissingEntry
+
+    with course.gradebook() as gb:
+        try:
+            return [nb.name for nb in gb.find_assignment(assignment).notebooks]
+        except MissingEntry:
+            pass
+    generate(assignment, None, course, record=True)  # released elsewhere: record it from solutions/
+    with course.gradebook() as gb:
+        return [nb.name for nb in gb.find_assignment(assignment).notebooks]
 
 
 def _normalise(path: Path) -> None:

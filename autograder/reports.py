@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 from nbgrader.api import MissingEntry
 
-from .problems import FLAGS
 from .course import Course, CourseError, read_json
+from .intake import shown
+from .outbound import write_csv
+from .problems import FLAGS
 
 __all__ = ["grade_rows", "export_csv", "status_table", "split_points", "check_assignments", "FLAG_KINDS"]
 
@@ -53,7 +53,7 @@ def check_assignments(course: Course, assignments: list[str] | None, released: b
             known, where = sorted(a.name for a in gb.assignments), "the gradebook has"
     unknown = [a for a in assignments if a not in known]
     if unknown:
-        raise CourseError(f"unknown assignment{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+        raise CourseError(f"unknown assignment{'s' if len(unknown) > 1 else ''} {', '.join(map(shown, unknown))}; "
                           f"{where}: {', '.join(known) or 'none (run `workbook release`)'}")
 
 
@@ -125,16 +125,7 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
 def export_csv(course: Course, path: str | Path | None = None, assignments: list[str] | None = None) -> str:
     """Write the grades CSV to ``path`` (default ``grading/grades.csv``); return its text."""
     columns, rows = grade_rows(course, assignments)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: (f"{v:g}" if isinstance(v, float) else v) for k, v in row.items()})
-    text = buffer.getvalue()
-    target = Path(path) if path else course.grading_dir / "grades.csv"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
-    return text
+    return write_csv(Path(path) if path else course.grading_dir / "grades.csv", rows, columns)
 
 
 def status_table(course: Course, assignments: list[str] | None = None) -> str:
@@ -142,13 +133,18 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
     with course.gradebook() as gb:
         assignments = assignments or sorted(a.name for a in gb.assignments)
         notebooks = [(a, nb.name) for a in assignments for nb in gb.find_assignment(a).notebooks]
-        students = sorted(s.id for s in gb.students)
+        # the gradebook's students, and those collected but not graded yet (or rejected at collect)
+        collected = {a: (set(course.submitted_students(a)),
+                         (read_json(course.collect_log_path(a), {}) or {}).get("rejected", {})) for a in assignments}
+        students = sorted({s.id for s in gb.students} | {s for found, rejected in collected.values()
+                                                          for s in (*found, *rejected)})
         header = ["student"] + [n for _, n in notebooks] + ["total"]
         table = [header]
         notes = []
         waiting = 0.0
+        unknown_time = False
         for student in students:
-            line = [student]
+            line = [shown(student, 64)]
             total = max_total = 0.0
             for a, n in notebooks:
                 report = read_json(course.report_path(a, student), {}) or {}
@@ -158,21 +154,34 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
                     taken = float(sub.late_submission_penalty or 0.0)
                     score, max_score = float(sub.score) - taken, float(sub.max_score)
                     cell = f"{score:g}/{max_score:g}"
-                    seconds = gb.find_submission(a, student).total_seconds_late
+                    submitted = gb.find_submission(a, student)
+                    seconds = submitted.total_seconds_late
                     if seconds > 0:
                         cell += f" LATE {late_words(seconds).replace(' ', '')}" + (f" (-{taken:g})" if taken else "")
+                    elif submitted.timestamp is None and submitted.assignment.duedate is not None and not \
+                            any(p["kind"] == "rejected" for p in (record or {}).get("problems", [])):
+                        cell += " LATE?"
+                        unknown_time = True
                     awaiting = split_points(sub)[2]
                     if awaiting:
                         cell += f" ✎{awaiting:g}"
                         waiting += awaiting
                 except MissingEntry:
                     score, max_score = 0.0, float(gb.find_notebook(n, a).max_score)
-                    cell = "—"
-                if record is None and cell != "—":
+                    found, rejected = collected[a]
+                    cell = "REJECTED at collect" if student in rejected else \
+                        "collected" if student in found else "—"
+                    if student in rejected:
+                        notes.append(f"{shown(student, 64)} {n}: [rejected] {shown(rejected[student], 500)}")
+                if record is None and cell in ("collected", "REJECTED at collect"):
+                    pass  # not autograded yet: `workbook autograde` grades it
+                elif record is None and cell != "—":
                     cell += " (not autograded)"
                 elif record is not None:
                     problems = record.get("problems", [])
-                    if record.get("status") == "failed":
+                    if any(p["kind"] == "rejected" for p in problems):
+                        cell += " REJECTED"
+                    elif record.get("status") == "failed":
                         cell += " FAILED"
                     elif problems:
                         cell += f" !{len(problems)}"
@@ -181,7 +190,9 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
                     if any(p["kind"] in FLAG_KINDS for p in problems):
                         cell += " FLAG"
                     for p in problems:
-                        notes.append(f"{student} {n}: [{p['kind']}] {p['message']}")
+                        note = f"{shown(student, 64)} {n}: [{p['kind']}] {shown(p['message'], 500)}"
+                        if note not in notes:  # (one line a problem, however often it was recorded)
+                            notes.append(note)
                 total += score
                 max_total += max_score
                 line.append(cell)
@@ -193,10 +204,18 @@ def status_table(course: Course, assignments: list[str] | None = None) -> str:
     if any(" LATE " in c for r in table for c in r):
         lines += ["", "LATE: handed in after the due date (`workbook due`); (-N): N points taken off by nbgrader's "
                   "late-submission plugin (LateSubmissionPlugin.penalty_method in nbgrader_config.py)."]
+    if any(c.startswith(("collected", "REJECTED at collect")) for r in table[1:] for c in r[1:]):
+        lines += ["", "collected: handed in, not autograded yet (`workbook autograde`); REJECTED at collect: the "
+                  "submission broke a rule of what may be handed in (the reason is below)."]
+    if unknown_time:
+        lines += ["", "LATE?: the assignment has a due date, but when this was handed in is not known (collected "
+                  "without a trusted time: `workbook collect --time-from`); lateness was not checked."]
     if waiting:
         lines += ["", f"✎N: N points of written answers await manual grading ({waiting:g} points in all); totals "
                   "are not final until a person grades them (nbgrader's Formgrader, or `nbgrader` on the command line)."]
     if notes:
-        lines += ["", "Problems (FAILED: nothing could be graded; !N: N problems; UNVERIFIED: graded without the "
-                  "sandbox; FLAG: uses or closely matches course_lib's reference):"] + ["  " + n for n in notes]
+        lines += ["", "Problems (FAILED: nothing could be graded; REJECTED: the submission broke a rule of what may "
+                  "be handed in, and scores 0; !N: N problems; UNVERIFIED: graded without the sandbox; FLAG: for you "
+                  "to look at: uses or closely matches course_lib's reference, or a timestamp.txt that disagrees):"
+                  ] + ["  " + n for n in notes]
     return "\n".join(lines)

@@ -40,7 +40,7 @@ __all__ = ["Limits", "SandboxUnavailable", "check_available", "command", "apply_
 
 MB = 2**20
 SANDBOX_UID_BASE = 100_000  # sandbox users (grader running as root) start here
-RUNNER_DIR = "/opt/workbook"  # where the runner (autograder/inside.py) is mounted
+RUNNER_DIR = "/opt/workbook"  # where autograder/inside/ (the runner and its modules) is mounted
 COURSE_DIR = "/opt/course"  # where the filtered course_lib is mounted
 WORK_DIR = "/home/student"  # the submission's working directory (and HOME)
 
@@ -234,7 +234,8 @@ def python_paths() -> list[Path]:
 
 def command(runner: Path, course_copy: Path, job_dir: Path, limits: Limits, uid: int, channel_fd: int,
             gpu: bool = False, threads: int = 1) -> list[str]:
-    """The ``bwrap`` command line that runs ``runner`` (autograder/inside.py) sealed off.
+    """The ``bwrap`` command line that runs ``runner`` (autograder/inside/runner.py) sealed off;
+    its folder, autograder/inside/, is all of the autograder the sandbox sees.
 
     ``uid`` is the user the sandbox runs as when the grader is root (one per concurrent
     sandbox; otherwise the sandbox keeps the grader's own user, in a user namespace).

@@ -9,12 +9,15 @@ same name (``--memory-mb`` for ``memory_mb``) that wins over the file.
 
 from __future__ import annotations
 
-from traitlets import Int, TraitError, Unicode
+from dataclasses import fields
+
+from traitlets import Float, Int, TraitError, Unicode
 from traitlets.config import Configurable
 
 from .course import Course, CourseError
+from .intake import IntakeLimits
 
-__all__ = ["Workbook", "workbook_settings"]
+__all__ = ["Workbook", "workbook_settings", "Intake", "intake_limits"]
 
 
 class Workbook(Configurable):
@@ -52,3 +55,43 @@ def workbook_settings(course: Course, **overrides) -> Workbook:
         raise CourseError(f"nbgrader_config.py: {exc}") from None
     settings._check()
     return settings
+
+
+_DEFAULT = IntakeLimits()
+
+
+class Intake(Configurable):
+    """What one student may hand in (``c.Intake.<name>`` in nbgrader_config.py): checked by
+    autograder/intake.py when ``collect`` and ``autograde`` read a submission. Past a
+    limit, that student's submission is rejected with the reason (and scores 0); the
+    others are graded as usual."""
+
+    notebook_mb = Float(_DEFAULT.notebook_mb, help="Size of one notebook file, in MB.").tag(config=True)
+    cells = Int(_DEFAULT.cells, help="Cells in one notebook.").tag(config=True)
+    json_depth = Int(_DEFAULT.json_depth, help="Nesting depth of a notebook's JSON (a notebook nests "
+                                               "about ten levels).").tag(config=True)
+    json_values = Int(_DEFAULT.json_values, help="Lists, objects and their items in a notebook's "
+                                                 "JSON.").tag(config=True)
+    files = Int(_DEFAULT.files, help="Files one student hands in, archive members included.").tag(config=True)
+    unpacked_mb = Float(_DEFAULT.unpacked_mb, help="All of one student's files together, unpacked, "
+                                                   "in MB.").tag(config=True)
+    compression_ratio = Float(_DEFAULT.compression_ratio, help="Unpacked over packed size of an archive "
+                                                               "member larger than 1 MB.").tag(config=True)
+    id_length = Int(_DEFAULT.id_length, help="Characters of a student id.").tag(config=True)
+    name_bytes = Int(_DEFAULT.name_bytes, help="Bytes of one file or folder name in a "
+                                               "submission.").tag(config=True)
+    feedback_mb = Float(_DEFAULT.feedback_mb, help="Size of one feedback page, in MB; outputs past it are "
+                                                   "left out with a note.").tag(config=True)
+
+
+def intake_limits(course: Course) -> IntakeLimits:
+    """The course's ``c.Intake`` limits; a bad value is a one-line CourseError."""
+    try:
+        settings = Intake(config=course.config)
+    except TraitError as exc:
+        raise CourseError(f"nbgrader_config.py: {exc}") from None
+    values = {f.name: getattr(settings, f.name) for f in fields(IntakeLimits)}
+    for name, value in values.items():
+        if value <= 0:
+            raise CourseError(f"c.Intake.{name} must be a positive number, not {value}")
+    return IntakeLimits(**values)

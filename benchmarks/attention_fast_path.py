@@ -28,8 +28,8 @@ from torch.utils.benchmark import Timer
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from course_lib.attention import causal_mask  # noqa: E402
-from course_lib.multihead import MultiHeadAttention, attention_output, merge_heads, split_heads  # noqa: E402
+from course_lib.attention import causal_mask
+from course_lib.multihead import MultiHeadAttention, attention_output, merge_heads, split_heads
 
 
 def direct(mha: MultiHeadAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -49,10 +49,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from autograder.cli import main as workbook  # noqa: E402
-from autograder.course import Course  # noqa: E402
-from servers import DaskCluster  # noqa: E402
-from workbook_class import ClassBuilder, make_course  # noqa: E402
+from autograder.cli import main as workbook
+from autograder.course import Course
+from servers import DaskCluster
+from workbook_class import ClassBuilder, make_course
 
 NOTEBOOK = "03_self_attention"
 COURSE_SIZE = 7_200

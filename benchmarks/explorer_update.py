@@ -22,8 +22,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from course_lib.tiny_models import TinyTransformer  # noqa: E402
-from course_lib.widgets import ALL_HEADS, AttentionExplorer, ModelSource, describe_tokens  # noqa: E402
+from course_lib.tiny_models import TinyTransformer
+from course_lib.widgets import ALL_HEADS, AttentionExplorer, ModelSource, describe_tokens
 
 
 def explorer(T: int) -> AttentionExplorer:

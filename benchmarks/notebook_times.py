@@ -70,6 +70,7 @@ BUDGETS = {
     "07_bert_mlm_nsp": 60,
     "08_gpt_in_context_learning": 60,
     "09_efficient_attention": 60,
+    "10_attention_over_images": 60,
 }
 GRADING_BUDGET = 30  # seconds, any notebook, as the autograder runs it
 

@@ -11,7 +11,7 @@ Modules, one idea each:
 - ``course_lib.bahdanau``   attention scores, masked softmax, context vector, Bahdanau attention, GRU seq2seq
 - ``course_lib.seq2seq``    loss and greedy evaluation of the RNN encoder-decoders
 - ``course_lib.training``   the training loop of every notebook: progress bar, loss history, schedules
-- ``course_lib.data``       offline data sets (dates, copy task, toy translation) and vocabularies
+- ``course_lib.data``       offline data sets (dates, copy task, toy translation, scenes of shapes) and vocabularies
 - ``course_lib.attention``  scaled dot-product attention, masks, single-head self-attention
 - ``course_lib.multihead``  multi-head attention, head split/merge, head ablation, diversity penalty
 - ``course_lib.positional`` sinusoidal, learned, relative (Shaw et al.) and rotary positions
@@ -29,6 +29,9 @@ Modules, one idea each:
 - ``course_lib.efficient_attention`` local/dilated/global masks, sliding-window and tiled (online-softmax) attention, KV cache, Performer features, linear attention
 - ``course_lib.long_context`` a one-layer model with full, windowed or window + global attention for long inputs
 - ``course_lib.cost``       time and memory of attention as the sequence grows
+- ``course_lib.vision``     patches (patchify/unpatchify), the ViT's patch embedding, soft visual attention, the doubly stochastic penalty, attention rollout, pointing accuracy
+- ``course_lib.captioning`` Show, Attend and Tell on generated scenes: a CNN encoder, an attending GRU decoder, training and greedy captions
+- ``course_lib.vit``        a tiny Vision Transformer and a CNN of the same size for a relational question, their training and attentions
 - ``course_lib.tiny_models`` a small configurable attention model and ``fit``, the training loop set up for it
 - ``course_lib.plotting``   heatmaps and curves used by the notebooks
 - ``course_lib.widgets``    the interactive attention explorer

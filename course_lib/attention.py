@@ -22,7 +22,9 @@ __all__ = [
 ]
 
 
-def _check_mask(mask: Tensor | None, scores_shape: torch.Size) -> None:
+def check_mask(mask: Tensor | None, scores_shape: torch.Size) -> None:
+    """A ``ValueError`` saying what is wrong unless ``mask`` is None or a boolean tensor that
+    broadcasts to the scores' shape ``(..., T_q, T_k)`` (True: may attend)."""
     if mask is None:
         return
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
@@ -52,7 +54,7 @@ def scaled_dot_product_attention(
     if k.size(-2) != v.size(-2):
         raise ValueError(f"k and v need the same number of keys T_k, got {k.size(-2)} and {v.size(-2)}")
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    _check_mask(mask, scores.shape)
+    check_mask(mask, scores.shape)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)

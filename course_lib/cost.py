@@ -131,7 +131,7 @@ def largest_tensor_bytes(fn: Callable[[], object]) -> int:
     largest = [0]
 
     class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, Tensor):

@@ -10,7 +10,6 @@ cross-entropy with label smoothing.
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import Tensor

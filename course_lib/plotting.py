@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 
 __all__ = ["attention_heatmap", "mask_image", "cost_curves", "cost_comparison", "to_numpy",
            "gradient_norms_vs_distance", "per_position_accuracy", "accuracy_vs_length", "alignment_heatmap",
-           "recurrence_timing"]
+           "recurrence_timing", "show_image", "attention_over_image", "mask_outline", "similarity_grid"]
 
 
 def to_numpy(x) -> np.ndarray:
@@ -197,4 +197,82 @@ def recurrence_timing(lengths: Sequence[int], sequential: Sequence[float], paral
     ax.set_title("recurrence is sequential")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    return ax
+
+
+# ---------------------------------------------------------------------------
+# Images (notebook 10)
+# ---------------------------------------------------------------------------
+
+def _hwc(image) -> np.ndarray:
+    """An image ``(C, H, W)`` (tensor or array, values in [0, 1]) as ``(H, W, C)`` for imshow."""
+    x = to_numpy(image)
+    return np.clip(np.transpose(x, (1, 2, 0)) if x.ndim == 3 else x, 0, 1)
+
+
+def show_image(image, ax: Axes | None = None, title: str = "", fontsize: int = 8) -> Axes:
+    """An RGB image ``(3, H, W)`` without axes, with an optional title."""
+    ax = ax or plt.subplots(figsize=(2, 2))[1]
+    ax.imshow(_hwc(image), interpolation="nearest")
+    ax.set_title(title, fontsize=fontsize)
+    ax.axis("off")
+    return ax
+
+
+def attention_over_image(image, weights, ax: Axes | None = None, title: str = "", strength: float = 0.6,
+                         fontsize: int = 8, cmap: str = "inferno", uniform_times: float = 4.0) -> Axes:
+    """An attention map ``weights`` (a ``(H', W')`` grid, or ``(L,)`` for a square grid) over the
+    image ``(3, H, W)``: the map is upsampled smoothly to the image's size and divided by its
+    largest weight, or by ``uniform_times`` the uniform weight 1/L when that is larger (so that a
+    flat map stays dim instead of lighting everything); the image is dimmed by ``strength`` where
+    the map is low, and the map is laid on top as a glow of ``cmap`` colours, opaque where the
+    weight is high (as in Xu et al.'s figures, where the attended part is lit)."""
+    ax = ax or plt.subplots(figsize=(2, 2))[1]
+    img = _hwc(image)
+    H, W = img.shape[:2]
+    w = torch.as_tensor(to_numpy(weights), dtype=torch.float32)
+    if w.dim() == 1:
+        side = int(round(w.numel() ** 0.5))
+        w = w.reshape(side, side)
+    up = torch.nn.functional.interpolate(w[None, None], size=(H, W), mode="bilinear", align_corners=False)[0, 0]
+    up = (up / max(float(up.max()), uniform_times / w.numel(), 1e-12)).clamp(0, 1).numpy()
+    ax.imshow(img * ((1 - strength) + strength * up)[..., None], interpolation="bilinear")
+    glow = plt.get_cmap(cmap)(up)
+    glow[..., 3] = 0.55 * up ** 1.5
+    ax.imshow(glow, interpolation="bilinear")
+    ax.set_title(title, fontsize=fontsize)
+    ax.axis("off")
+    return ax
+
+
+def mask_outline(mask, ax: Axes, color: str = "white", linewidth: float = 1.0) -> Axes:
+    """Draw the outline of a boolean pixel mask ``(H, W)`` on ``ax`` (over an image)."""
+    m = to_numpy(mask).astype(float)
+    if m.any():
+        ax.contour(m, levels=[0.5], colors=[color], linewidths=linewidth)
+    return ax
+
+
+def similarity_grid(similarity, ax: Axes | None = None, title: str = "cosine similarity of position embeddings"
+                    ) -> Axes:
+    """The ViT paper's figure: ``similarity (gh, gw, gh, gw)``, one small map per patch laid out on
+    the grid (the map at row r, column c is patch (r, c)'s similarity with every patch), drawn as
+    one mosaic with gaps between the maps."""
+    sim = to_numpy(similarity)
+    gh, gw = sim.shape[:2]
+    mosaic = np.full((gh * (gh + 1) - 1, gw * (gw + 1) - 1), np.nan)
+    for r in range(gh):
+        for c in range(gw):
+            mosaic[r * (gh + 1):r * (gh + 1) + gh, c * (gw + 1):c * (gw + 1) + gw] = sim[r, c]
+    ax = ax or plt.subplots(figsize=(4, 4))[1]
+    image = ax.imshow(mosaic, vmin=-1, vmax=1, cmap="viridis", interpolation="nearest")
+    ax.set_xticks([c * (gw + 1) + (gw - 1) / 2 for c in range(gw)], [str(c) for c in range(gw)])
+    ax.set_yticks([r * (gh + 1) + (gh - 1) / 2 for r in range(gh)], [str(r) for r in range(gh)])
+    ax.set_xlabel("patch column")
+    ax.set_ylabel("patch row")
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="cosine similarity")
+    ax.set_title(title, fontsize=10)
     return ax

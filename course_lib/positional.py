@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .attention import _check_mask, scaled_dot_product_attention
+from .attention import check_mask, scaled_dot_product_attention
 
 __all__ = [
     "sinusoidal_frequencies",
@@ -160,7 +160,7 @@ class RelativeSelfAttention(nn.Module):
         a_k, a_v = self.rel_k(idx), self.rel_v(idx)  # (T, T, D) each
         scores = q @ k.transpose(-2, -1) + torch.einsum("bid,ijd->bij", q, a_k)
         scores = scores / math.sqrt(self.d_model)
-        _check_mask(mask, scores.shape)
+        check_mask(mask, scores.shape)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,10 @@ NOTEBOOK_TIMES: dict[str, float] = {}
 def pytest_configure(config):
     os.environ.setdefault("MPLBACKEND", "Agg")
     config._workbook_times = NOTEBOOK_TIMES
+    if not hasattr(config, "workerinput"):  # the session's own process (xdist's controller, or the only one)
+        import tempfile
+        from graded_class import SHARED
+        os.environ[SHARED] = tempfile.mkdtemp(prefix="workbook-graded-class-")  # the workers inherit it
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Two workers share the machine's cores (and the graded class's graders run beside
         # them): one thread each, for this process and the kernels it starts. Two threads
@@ -28,72 +31,22 @@ def pytest_configure(config):
 
 
 GRADED_CLASS_TIMES: dict[str, float] = {}  # "assignment/student" -> seconds in the shared graded run
-
-# With pytest-xdist (`make test` runs `pytest -n 2 --dist loadgroup`), tests are handed out
-# to workers in groups: every test file that uses the shared graded class in one group (one
-# worker grades that class once), every other file whole (module fixtures and a notebook's
-# one execution stay in one worker, and the tests of one solution notebook in other files
-# join it). xdist's own groups (the ``xdist_group`` mark) do not
-# reach its scheduler under pytest 9 (it renames node ids, which pytest 9 no longer lets
-# it do), so the grouping is a scheduler of ours.
-GRADED_CLASS_GROUP = "graded-class"
 TESTS = Path(__file__).resolve().parent
 
 
-def graded_class_files() -> set[str]:
-    """The test files that use the graded class (the fixture, or a suite built on it)."""
-    return {path.name for path in TESTS.glob("test_*.py")
-            if re.search(r"\bgraded_class\b|\bnbgrader_suite\(", path.read_text(encoding="utf-8"))}
-
-
-def notebook_groups() -> dict[str, str]:
-    """``{"07": "notebook 07", "02": "notebook 01", ...}``: each solution notebook is executed
-    once per worker (tests/nbtools.py ``executed_solution``), so the tests that share its run
-    (its test_notebook_<nn> file, test_notebooks.py's full-points run) share a group."""
-    out = {}
-    for path in sorted(TESTS.glob("test_notebook_*.py")):
-        numbers = re.findall(r"\d\d", path.stem)
-        out.update({nn: f"notebook {numbers[0]}" for nn in numbers})
-    return out
-
-
-def _group(nodeid: str, graded: set[str], notebooks: dict[str, str] | None = None) -> str:
-    file = nodeid.split("::")[0]
-    name = file.rsplit("/", 1)[-1]
-    if name in graded:
-        return GRADED_CLASS_GROUP
-    notebooks = notebook_groups() if notebooks is None else notebooks
-    found = re.match(r"test_notebook_(\d\d)", name) or re.search(r"::test_solution_notebook_\w+\[(\d\d)_", nodeid)
-    if found and found.group(1) in notebooks:
-        return notebooks[found.group(1)]
-    return file
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    graded, notebooks = graded_class_files(), notebook_groups()
-
-    class Grouped(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _group(nodeid, graded, notebooks)
-
-    return Grouped(config, log)
-
-
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses the graded class must sit in a file the scheduler groups with it:
-    otherwise two workers would each grade the whole class."""
-    graded = graded_class_files()
-    stray = sorted({item.nodeid.split("::")[0] for item in items
-                    if "graded_class" in getattr(item, "fixturenames", ())
-                    and _group(item.nodeid, graded) != GRADED_CLASS_GROUP})
-    if stray:
-        raise pytest.UsageError(f"{', '.join(stray)} use(s) graded_class without naming it or nbgrader_suite: "
-                                "tests/conftest.py's graded_class_files() cannot see it")
+    """The tests that need the graded class run last, and the class starts grading now, in a
+    process of its own (tests/graded_class.py), while the others run. With pytest-xdist's
+    ``--dist loadfile`` both workers collect the same order; the first to get here starts the
+    one builder."""
+    from graded_class import SHARED, start
+
+    needing = [item for item in items if "graded_class" in getattr(item, "fixturenames", ())]
+    if not needing:
+        return
+    items[:] = [item for item in items if item not in set(needing)] + needing
+    start(Path(os.environ[SHARED]), sorted({Path(str(item.fspath)) for item in needing}))
 
 
 def pytest_sessionfinish(session):
@@ -123,16 +76,32 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
 
 
+def pytest_unconfigure(config):
+    """The session's own process removes the graded class when every worker is done."""
+    if hasattr(config, "workerinput"):
+        return
+    import json
+    import shutil
+    from graded_class import SHARED, stop
+    shared = Path(os.environ.get(SHARED, ""))
+    if not os.environ.get(SHARED) or not shared.is_dir():
+        return
+    stop(shared)
+    if (shared / "state.json").exists():
+        shutil.rmtree(json.loads((shared / "state.json").read_text())["root"], ignore_errors=True)
+    shutil.rmtree(shared, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def graded_class():
     """Every registered submission of every notebook (tests/nbtools.py ``register``),
-    graded in one ``workbook autograde -j 2`` run, with feedback."""
-    from nbtools import GradedClass
+    graded in one ``workbook autograde -j 2`` run, with feedback: built once per session in
+    the background (tests/graded_class.py), shared by every worker."""
+    from graded_class import SHARED, wait
 
-    graded = GradedClass()
+    graded = wait(Path(os.environ[SHARED]))
     GRADED_CLASS_TIMES.update(graded.submission_seconds)
-    yield graded
-    graded.close()
+    return graded
 
 
 @pytest.fixture(scope="session")

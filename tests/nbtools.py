@@ -131,18 +131,27 @@ def replace_solution(nb, gid: str, source: str):
 
 
 class Course:
-    """A temporary nbgrader course built from the repository's solutions."""
+    """A temporary nbgrader course built from the repository's solutions (removed by
+    ``close``; with ``keep``, left for another process to use and remove)."""
 
-    def __init__(self, assignments: list[str]):
-        self.tmp = tempfile.TemporaryDirectory(prefix="workbook-course-")
-        self.root = Path(self.tmp.name)
+    def __init__(self, assignments: list[str], keep: bool = False):
+        self.root = Path(tempfile.mkdtemp(prefix="workbook-course-"))
+        self.keep = keep
         self.assignments = assignments
         shutil.copy(ROOT / "nbgrader_config.py", self.root / "nbgrader_config.py")
         for a in assignments:
             shutil.copytree(ROOT / "solutions" / a, self.root / "solutions" / a)
 
+    @classmethod
+    def existing(cls, root: Path, assignments: list[str]) -> "Course":
+        """A course another process made (the shared graded class): never removed here."""
+        course = cls.__new__(cls)
+        course.root, course.keep, course.assignments = Path(root), True, list(assignments)
+        return course
+
     def close(self) -> None:
-        self.tmp.cleanup()
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def nbgrader(self, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
         cmd = [str(PYTHON_BIN / "nbgrader"), *args]
@@ -258,6 +267,36 @@ def executed_solution(assignment: str, student: bool = False) -> tuple[nbformat.
     return _EXECUTED[key]
 
 
+def assert_solution_full_points(assignment: str) -> None:
+    """The solution notebook runs top to bottom without an error, every graded test cell
+    at full points, shown as JupyterLab shows it, and nothing on stderr."""
+    nb, seconds = executed_solution(assignment)
+    assert not errors(nb), errors(nb)
+    cells = graded_cells(nb)
+    assert cells, f"{assignment}: no graded test cells"
+    for c in cells:
+        gid = c.metadata.nbgrader.grade_id
+        points = float(c.metadata.nbgrader.points)
+        assert result(c) is not None and float(result(c)) == points, f"{gid}: {text(c)}"
+        shown = next(o.data.get("text/markdown") for o in c.outputs if o.output_type == "execute_result")
+        assert shown == f"**{points:g} / {points:g} points**", shown
+        assert stderr(c) == "", f"{gid} wrote to stderr: {stderr(c)}"
+
+
+def assert_student_notebook_reports_stubs(assignment: str) -> None:
+    """The released notebook runs top to bottom too: every graded test cell reports its
+    stub at 0 points (no crash, no traceback, nothing on stderr)."""
+    nb, seconds = executed_solution(assignment, student=True)
+    assert not errors(nb), "a cell crashed in the released notebook: " + "; ".join(errors(nb))
+    cells = graded_cells(nb)
+    assert cells, f"{assignment}: no graded test cells"
+    for c in cells:
+        gid = c.metadata.nbgrader.grade_id
+        assert float(result(c)) == 0.0, gid
+        assert "NotImplementedError" in text(c) and "stub" in text(c), f"{gid}: {text(c)}"
+        assert stderr(c) == "", f"{gid} wrote to stderr: {stderr(c)}"
+
+
 def exec_solution_cells(assignment: str) -> dict:
     """Run only the set-up cell and the solution cells of a solutions/ notebook.
 
@@ -306,8 +345,8 @@ class GradedClass:
     """The shared graded course: every registered submission, graded by ``workbook
     autograde -j 2`` in one run, with feedback written."""
 
-    def __init__(self) -> None:
-        self.course = Course(sorted(CLASS))
+    def __init__(self, keep: bool = False) -> None:
+        self.course = Course(sorted(CLASS), keep=keep)
         self.log = ""
         try:
             for assignment in sorted(CLASS):
@@ -325,7 +364,7 @@ class GradedClass:
             self._scores = {a: self.course.scores(a) for a in CLASS}
             self.submission_seconds = self._submission_seconds()
         except BaseException:
-            self.course.close()
+            shutil.rmtree(self.course.root, ignore_errors=True)
             raise
 
     def scores(self, assignment: str) -> dict[str, dict[str, float]]:

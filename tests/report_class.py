@@ -3,7 +3,7 @@ notebook 03 gets one planted mistake, a catalogued one, none, or one the catalog
 not know. Their item results are the grader's own judgements of those implementations
 (``course_lib.grading.runner.grade`` with the hidden sub-checks), recorded in the
 gradebook through nbgrader's API and in the reports the way ``workbook autograde``
-records them. Used by tests/test_class_report.py and benchmarks/class_report.py.
+records them. Used by tests/grading/test_class_report.py and benchmarks/class_report.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import warnings
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 

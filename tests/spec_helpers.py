@@ -1,6 +1,6 @@
 """Shared assertions for check specs: a correct implementation written independently of
 course_lib earns every point; a stub is reported once. (Mistake catalogues and reference
-calls are covered for every spec by tests/test_grading_framework.py.)"""
+calls are covered for every spec by tests/specs/test_grading_framework.py.)"""
 
 from __future__ import annotations
 

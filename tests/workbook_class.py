@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import textwrap
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +118,7 @@ class ClassBuilder:
                                  and c.metadata.get("nbgrader", {}).get("solution")
                                  and _gid(c) not in skip and _gid(c) != dead_at]
         for source in code:
-            exec(compile(source, "<submission>", "exec"), namespace)  # noqa: S102 - our own test code
+            exec(compile(source, "<submission>", "exec"), namespace)  # our own test code
         expected = {}
         for test, (item, _) in self.tests.items():
             dead = dead_at is not None and order.index(test) > order.index(dead_at)
@@ -186,7 +185,8 @@ class ClassBuilder:
         add("s06", "deleted, edited and duplicated cells", nb, self.full(),
             {"deleted_cells", "edited_locked", "duplicate_cells"})
         deep = text.replace('"cells": [', '"deep": ' + "[" * 100_000 + "]" * 100_000 + ', "cells": [', 1)
-        add("s13", "invalid JSON: nested 100,000 levels deep", deep.encode(), self.full(tuple(self.items)), {"invalid_json"})
+        add("s13", "rejected: JSON nested 100,000 levels deep", deep.encode(), self.full(tuple(self.items)),
+            {"rejected"})
 
         def hostile(sid, kind, prepend, problems, skip=(), dead_at=None):
             nb = self.filled(prepend=prepend)

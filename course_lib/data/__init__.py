@@ -4,4 +4,5 @@
 - ``course_lib.data.dates``  human-readable dates -> ISO dates (notebooks 01-02)
 - ``course_lib.data.copy``   the copy task on random digit strings (notebook 01)
 - ``course_lib.data.translation``  a toy translation task: SVO → SOV, adjective after noun, agreement (notebook 06)
+- ``course_lib.data.scenes``  coloured shapes on a noisy background with captions, object masks and relations (notebook 10)
 """

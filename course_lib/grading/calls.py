@@ -31,14 +31,25 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch import nn
 
-from .spec import CheckFailed
 from .wire import Build, GeneratorState
 
-__all__ = ["Call", "Invoke", "Subject", "perform", "realise", "build_module", "load_state", "module_layout",
+__all__ = ["Call", "Probe", "PROBES", "probe", "INVOKE", "Invoke", "Subject", "perform", "realise", "build_module", "load_state", "module_layout",
            "quiet", "unwatched", "is_reference", "qualified", "target_name", "resolve", "BUILD_PREFIXES"]
 
 # What a Build may construct: the grading fixtures (small models and samplers), nothing else.
 BUILD_PREFIXES = ("course_lib.grading.fixtures.",)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a call asks of an implementation: the name of a registered probe
+    (:data:`PROBES`) and its options (plain data), e.g. ``Probe("gradients", {"names": ["q"]})``."""
+
+    name: str = "invoke"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+INVOKE = Probe()
 
 
 @dataclass
@@ -47,17 +58,30 @@ class Call:
 
     item: str
     inputs: dict
-    probe: str = "invoke"
+    probe: Probe = INVOKE
 
     def as_data(self) -> dict:
-        return {"item": self.item, "probe": self.probe, "inputs": self.inputs}
+        return {"item": self.item, "probe": self.probe.name, "options": dict(self.probe.options),
+                "inputs": self.inputs}
 
     @classmethod
     def from_data(cls, data: Any) -> "Call":
-        if not (isinstance(data, dict) and isinstance(data.get("item"), str)
-                and isinstance(data.get("probe"), str) and isinstance(data.get("inputs"), dict)):
+        if not (isinstance(data, dict) and isinstance(data.get("item"), str) and isinstance(data.get("probe"), str)
+                and isinstance(data.get("inputs"), dict) and isinstance(data.get("options", {}), dict)):
             raise ValueError("malformed call")
-        return cls(data["item"], data["inputs"], data["probe"])
+        return cls(data["item"], data["inputs"], Probe(data["probe"], data.get("options", {})))
+
+
+class CheckFailed(Exception):
+    """Raised by a sub-check with the message to show the student.
+
+    ``stop=True`` skips the item's remaining sub-checks (used when the student's
+    code is still the stub, so that the report says it once).
+    """
+
+    def __init__(self, message: str, stop: bool = False) -> None:
+        super().__init__(message)
+        self.stop = stop
 
 
 @dataclass(frozen=True)
@@ -76,6 +100,7 @@ class Invoke:
     forward: tuple[str, ...] = ()
     aliases: bool = False
     train: bool = False
+    names: tuple[tuple[str, str], ...] = ()  # (global name, course_lib target) bound while a function runs
 
     def build(self, impl: Any, inputs: dict, state: bool = True) -> nn.Module:
         return build_module(impl, tuple(inputs["args"]), inputs.get("state") if state else None,
@@ -86,18 +111,48 @@ class Invoke:
 
     def __call__(self, impl: Any, inputs: dict) -> Any:
         if not self.module:
-            return impl(**inputs)
+            with bound_names(impl, self.names):
+                return impl(**inputs)
         return self.call(self.build(impl, inputs), inputs)
 
     def as_data(self) -> dict:
-        return {"module": self.module, "forward": list(self.forward), "aliases": self.aliases, "train": self.train}
+        return {"module": self.module, "forward": list(self.forward), "aliases": self.aliases, "train": self.train,
+                "names": [list(pair) for pair in self.names]}
 
     @classmethod
     def from_data(cls, data: Any) -> "Invoke":
         if not isinstance(data, dict) or not all(isinstance(n, str) for n in data.get("forward", [])):
             raise ValueError("malformed invoke")
+        names = data.get("names", [])
+        if not isinstance(names, list) or not all(isinstance(p, list) and len(p) == 2 and
+                                                  all(isinstance(x, str) for x in p) for p in names):
+            raise ValueError("malformed invoke")
         return cls(bool(data.get("module")), tuple(data.get("forward", ())), bool(data.get("aliases")),
-                   bool(data.get("train")))
+                   bool(data.get("train")), tuple(tuple(p) for p in names))
+
+
+@contextlib.contextmanager
+def bound_names(impl: Any, names: tuple[tuple[str, str], ...]):
+    """While a function item runs, the global ``name`` of its own module (the notebook)
+    means the course_lib ``target``: an item is then judged on its own, not on an earlier
+    item it builds on (``cached_generate`` with the grader's cache, not the student's
+    ``KVCache``). Restored afterwards."""
+    space = getattr(impl, "__globals__", None)
+    if not names or not isinstance(space, dict):
+        yield
+        return
+    missing = object()
+    saved = {name: space.get(name, missing) for name, _ in names}
+    try:
+        for name, target in names:
+            space[name] = resolve(target)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                space.pop(name, None)
+            else:
+                space[name] = value
 
 
 def target_name(obj: Any) -> str:
@@ -285,7 +340,7 @@ class ReferenceUsed(Exception):
     """The student's implementation is, or calls, the reference being graded."""
 
 
-def _code_objects(obj: Any) -> set:
+def code_objects(obj: Any) -> set:
     """Code objects of a function, or of the functions a class defines itself."""
     codes = set()
     if isinstance(obj, type):
@@ -318,7 +373,7 @@ def is_reference(impl: Any, reference: Any) -> bool:
     if isinstance(impl, type) and isinstance(reference, type):
         return issubclass(impl, reference)
     fn = getattr(impl, "__func__", impl)
-    return getattr(fn, "__code__", None) is not None and fn.__code__ in _code_objects(reference)
+    return getattr(fn, "__code__", None) is not None and fn.__code__ in code_objects(reference)
 
 
 @contextlib.contextmanager
@@ -337,10 +392,10 @@ def _forbid(reference: Any, forbidden: Mapping[Any, str]) -> Iterator[list[str]]
     """Record (in the yielded list) any call of the reference or a forbidden callable.
     (A stub standing in for the reference shares its code with every other stub: the
     grader refuses it instead, see autograder.stubs.)"""
-    ref_codes = set() if hasattr(reference, "__workbook_reference__") else _code_objects(reference)
+    ref_codes = set() if hasattr(reference, "__workbook_reference__") else code_objects(reference)
     py_forbidden, c_forbidden = {}, {}
     for fn, reason in forbidden.items():
-        codes = _code_objects(fn)
+        codes = code_objects(fn)
         for code in codes:
             py_forbidden[code] = reason
         if not codes:
@@ -348,7 +403,7 @@ def _forbid(reference: Any, forbidden: Mapping[Any, str]) -> Iterator[list[str]]
     used: list[str] = []
     ref_reason = f"it calls {qualified(reference)}, the course's reference for this item"
 
-    def profiler(frame, event, arg):  # noqa: ANN001
+    def profiler(frame, event, arg):
         if used:
             return
         if event == "call":
@@ -424,7 +479,7 @@ def quiet() -> Iterator[Captured]:
 # Performing a call
 # ---------------------------------------------------------------------------
 
-def _student_frame(tb: traceback.StackSummary) -> str:
+def student_frame(tb: traceback.StackSummary) -> str:
     """The last line of the traceback that is not inside course_lib or torch."""
     for frame in reversed(tb):
         path = frame.filename.replace("\\", "/")
@@ -439,51 +494,67 @@ def _error(kind: str, exc: BaseException | None = None, text: str = "") -> dict:
     answer = {"ok": False, "kind": kind, "text": text[:2000]}
     if exc is not None:
         answer["exc"] = type(exc).__name__[:80]
-        answer["where"] = _student_frame(traceback.extract_tb(exc.__traceback__))
+        answer["where"] = student_frame(traceback.extract_tb(exc.__traceback__))
         answer["text"] = (text or str(exc)).strip()[:2000]
     return answer
 
 
-def _gradients_probe(subject: Subject) -> Callable[[Any, dict], Any]:
-    """Built-in probe ``"gradients"``: mark ``inputs["_grads"]["names"]`` as requiring a
-    gradient, run the implementation, backpropagate ``(y ** 2).sum()`` (or ``y.sum()``
-    with ``"reduce": "sum"``, e.g. for a loss) from output ``index`` (default: the
-    first output of a tuple, else the whole output) and report
-    the gradients of those inputs, and for a module item of every parameter (built
-    with its own initialisation unless ``inputs["_grads"]["state"]``)."""
+# ---------------------------------------------------------------------------
+# Probes: what a call can ask of an implementation, by name
+# ---------------------------------------------------------------------------
 
-    def probe(impl: Any, inputs: dict) -> dict:
-        options = inputs.pop("_grads")
-        names, index = list(options["names"]), options.get("index", 0)
-        for name in names:
-            inputs[name] = inputs[name].detach().requires_grad_(True)
-        module = None
-        invoke = subject.invoke
-        if isinstance(invoke, Invoke) and invoke.module:
-            module = invoke.build(impl, inputs, state=bool(options.get("state")))
-            out = invoke.call(module, inputs)
-        else:
-            out = invoke(impl, inputs)
-        y = out
-        if isinstance(out, (tuple, list)) and index is not None:
-            y = out[index] if len(out) > index else None
-        if not isinstance(y, torch.Tensor) or not y.requires_grad:
-            return {"connected": False, "type": type(y).__name__, "output": out}
-        (y.sum() if options.get("reduce") == "sum" else (y.double() ** 2).sum()).backward()
-        grads = {name: inputs[name].grad for name in names}
-        params = {name: p.grad for name, p in module.named_parameters()} if module is not None else {}
-        return {"connected": True, "grads": grads, "params": params, "output": out}
-
-    return probe
+PROBES: dict[str, Callable[[Subject, Any, dict, Mapping[str, Any]], Any]] = {}
 
 
-def _layout_probe(impl: Any, inputs: dict) -> dict:
-    """Built-in probe ``"layout"``: construct ``impl(*inputs["args"], **inputs["kwargs"])``
-    and describe it (:func:`module_layout`); with ``inputs["values"]``, also the values
-    of its parameters."""
+def probe(name: str) -> Callable:
+    """Register ``fn(subject, impl, inputs, options) -> answer`` as the probe ``name``."""
+    def register(fn: Callable) -> Callable:
+        PROBES[name] = fn
+        return fn
+    return register
+
+
+@probe("invoke")
+def _invoke(subject: Subject, impl: Any, inputs: dict, options: Mapping[str, Any]) -> Any:
+    """Run the implementation as the item's ``invoke`` says, and answer its output."""
+    return subject.invoke(impl, inputs)
+
+
+@probe("gradients")
+def _gradients(subject: Subject, impl: Any, inputs: dict, options: Mapping[str, Any]) -> dict:
+    """Mark the inputs ``options["names"]`` as requiring a gradient, run the implementation,
+    backpropagate ``(y ** 2).sum()`` (or ``y.sum()`` with ``"reduce": "sum"``, e.g. for a
+    loss) from output ``options["index"]`` (default: the first output of a tuple, else the
+    whole output) and report the gradients of those inputs, and for a module item of every
+    parameter (built with its own initialisation unless ``options["state"]``)."""
+    names, index = list(options["names"]), options.get("index", 0)
+    for name in names:
+        inputs[name] = inputs[name].detach().requires_grad_(True)
+    module = None
+    invoke = subject.invoke
+    if isinstance(invoke, Invoke) and invoke.module:
+        module = invoke.build(impl, inputs, state=bool(options.get("state")))
+        out = invoke.call(module, inputs)
+    else:
+        out = invoke(impl, inputs)
+    y = out
+    if isinstance(out, (tuple, list)) and index is not None:
+        y = out[index] if len(out) > index else None
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        return {"connected": False, "type": type(y).__name__, "output": out}
+    (y.sum() if options.get("reduce") == "sum" else (y.double() ** 2).sum()).backward()
+    grads = {name: inputs[name].grad for name in names}
+    params = {name: p.grad for name, p in module.named_parameters()} if module is not None else {}
+    return {"connected": True, "grads": grads, "params": params, "output": out}
+
+
+@probe("layout")
+def _layout(subject: Subject, impl: Any, inputs: dict, options: Mapping[str, Any]) -> dict:
+    """Construct ``impl(*inputs["args"], **inputs["kwargs"])`` and describe it
+    (:func:`module_layout`); with ``options["values"]``, also the values of its parameters."""
     module = impl(*inputs["args"], **inputs.get("kwargs", {}))
-    described = module_layout(module, tuple(inputs.get("attrs", ())))
-    if inputs.get("values") and isinstance(module, nn.Module):
+    described = module_layout(module, tuple(options.get("attrs", ())))
+    if options.get("values") and isinstance(module, nn.Module):
         described["values"] = {name: p.detach().clone() for name, p in module.named_parameters()}
     return described
 
@@ -498,54 +569,45 @@ def _state_after(obj: Any) -> Any:
     return None
 
 
-def _after_probe(subject: Subject) -> Callable[[Any, dict], Any]:
-    """Built-in probe ``"after"``: run the implementation, then report the inputs named
-    in ``inputs["_after"]`` as they are after the call (a module's weights, mode and
-    gradients; a tensor's values), to check that the call left them alone."""
+@probe("after")
+def _after(subject: Subject, impl: Any, inputs: dict, options: Mapping[str, Any]) -> dict:
+    """Run the implementation, then report the inputs ``options["names"]`` as they are after
+    the call (a module's weights, mode and gradients; a tensor's values), to check that the
+    call left them alone."""
+    out = subject.invoke(impl, inputs)
+    return {"output": out, "after": {name: _state_after(inputs.get(name)) for name in options["names"]}}
 
-    def probe(impl: Any, inputs: dict) -> dict:
-        names = list(inputs.pop("_after"))
+
+@probe("memory")
+def _memory(subject: Subject, impl: Any, inputs: dict, options: Mapping[str, Any]) -> dict:
+    """Run the implementation and report, beside its output, the shape of the largest tensor
+    any operation made during the call (the inputs are not counted), e.g. to check that
+    windowed attention never builds a ``(T, T)`` tensor."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    largest: list[int] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and (not largest or t.numel() > math.prod(largest)):
+                    largest[:] = list(t.shape)
+            return out
+
+    with Record():
         out = subject.invoke(impl, inputs)
-        return {"output": out, "after": {name: _state_after(inputs.get(name)) for name in names}}
-
-    return probe
+    return {"output": out, "largest": largest}
 
 
-def _memory_probe(subject: Subject) -> Callable[[Any, dict], Any]:
-    """Built-in probe ``"memory"``: run the implementation and report, beside its output,
-    the shape of the largest tensor any operation made during the call (the inputs are
-    not counted), e.g. to check that windowed attention never builds a ``(T, T)`` tensor."""
-
-    def probe(impl: Any, inputs: dict) -> dict:
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-
-        largest: list[int] = []
-
-        class Record(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor) and (not largest or t.numel() > math.prod(largest)):
-                        largest[:] = list(t.shape)
-                return out
-
-        with Record():
-            out = subject.invoke(impl, inputs)
-        return {"output": out, "largest": largest}
-
-    return probe
-
-
-def _methods_probe(impl: Any, inputs: dict) -> list:
-    """Built-in probe ``"methods"``: construct ``impl()`` and call its methods in turn,
-    ``inputs["_methods"]`` a list of ``[name, kwargs]`` (``"len"`` for ``len(obj)``);
-    report each call's result (e.g. a cache's ``append`` and ``len``)."""
+@probe("methods")
+def _methods(subject: Subject, impl: Any, inputs: dict, options: Mapping[str, Any]) -> list:
+    """Construct ``impl()`` and call its methods in turn, ``inputs["calls"]`` a list of
+    ``[name, kwargs]`` (``"len"`` for ``len(obj)``); report each call's result (e.g. a
+    cache's ``append`` and ``len``)."""
     obj = impl()
-    results = []
-    for name, kwargs in inputs["_methods"]:
-        results.append(len(obj) if name == "len" else getattr(obj, name)(**kwargs))
-    return results
+    return [len(obj) if name == "len" else getattr(obj, name)(**kwargs) for name, kwargs in inputs["calls"]]
 
 
 def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
@@ -560,37 +622,28 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
     spec = subject if isinstance(subject, Subject) else Subject.of(subject)
     if impl is None:
         return _error("missing", text=f"`{spec.name}` is not defined")
-    if call.probe == "invoke":
-        probe: Callable[[Any, dict], Any] | None = spec.invoke
-    elif call.probe == "gradients":
-        probe = _gradients_probe(spec)
-    elif call.probe == "layout":
-        probe = _layout_probe
-    elif call.probe == "after":
-        probe = _after_probe(spec)
-    elif call.probe == "memory":
-        probe = _memory_probe(spec)
-    elif call.probe == "methods":
-        probe = _methods_probe
-    else:
-        probe = None
-    if probe is None:
-        return _error("check", text=f"the grader asked for an unknown probe {call.probe!r}")
+    run = PROBES.get(call.probe.name)
+    if run is None:
+        return _error("check", text=f"the grader asked for an unknown probe {call.probe.name!r}")
+    options = call.probe.options
+
+    def answer(impl: Any, inputs: dict) -> Any:
+        return run(spec, impl, inputs, options)
     if watch and spec.reference is not None and is_reference(impl, spec.reference):
         return {"ok": False, "kind": "reference",
                 "text": f"it is {qualified(spec.reference)}, the course's reference for this item"}
     try:
         inputs = realise(call.inputs)
-    except Exception as exc:  # noqa: BLE001 - a grading input could not be built here
+    except Exception as exc:  # a grading input could not be built here
         return _error("check", text=f"the grader's inputs could not be built: {type(exc).__name__}: {exc}")
     used: list[str] = []
     with quiet() as captured:
         try:
             if watch and spec.reference is not None:
                 with _forbid(spec.reference, spec.forbidden) as used:
-                    value = probe(impl, inputs)
+                    value = answer(impl, inputs)
             else:
-                value = probe(impl, inputs)
+                value = answer(impl, inputs)
         except CheckFailed as failed:
             return {**_error("check", text=str(failed)), "stop": failed.stop}
         except NotImplementedError as exc:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from .calls import INVOKE, Probe
 from .compare import describe_difference, fmt_num
 from .runner import current_salt
 from .spec import Case, CheckFailed
@@ -34,6 +35,14 @@ def seed(value: int) -> int:
     if not salt:
         return value
     return (value * 1_000_003 + salt * 7_919) % (2**62)
+
+
+def sample_inputs(make: Callable[[torch.device], dict]) -> dict:
+    """What ``make`` builds, on the CPU and unsalted, for describing a case when its spec is
+    built (the shapes and masks a label names do not depend on a grading's salt)."""
+    from .runner import salted
+    with salted(0):
+        return make(torch.device("cpu"))
 
 
 def generator(value: int) -> torch.Generator:
@@ -66,7 +75,7 @@ def mask_words(mask: Tensor | None) -> str:
     return f"padding mask {shape}"
 
 
-def compare_cases(*cases: Case, probe: str = "invoke", differ: Callable | None = None) -> Callable[[Any], None]:
+def compare_cases(*cases: Case, probe: Probe = INVOKE, differ: Callable | None = None) -> Callable[[Any], None]:
     """A sub-check body that compares the student with the reference on ``cases``
     (their answers to ``probe``, told apart by ``differ``: see :meth:`Trial.compare`)."""
     return lambda trial: trial.compare(cases, probe, differ)
@@ -151,7 +160,7 @@ def call_and_inspect(trial: Any, inputs: dict, names: Sequence[str], label: str)
     """Call the student's function on ``inputs`` and also get the arguments ``names`` back
     as the call left them (the ``after`` probe): ``(output, {name: value})``, to tell
     whether it changed them in place. A name the grader could not inspect is missing."""
-    got = trial.student({**inputs, "_after": list(names)}, label, probe="after")
+    got = trial.student(inputs, label, probe=Probe("after", {"names": list(names)}))
     if not isinstance(got, dict):
         return got, {}
     return got.get("output"), got.get("after") or {}
@@ -161,8 +170,7 @@ def _gradients(trial: Any, inputs: dict, label: str, names: Sequence[str], index
     """The student's answer to the ``gradients`` probe (backpropagate from output ``index``
     to the inputs ``names``): ``{"grads": ..., "params": ...}``; fails unless the output is
     connected to the autograd graph."""
-    inputs["_grads"] = {"names": list(names), "index": index}
-    out = trial.student(inputs, label, probe="gradients")
+    out = trial.student(inputs, label, probe=Probe("gradients", {"names": list(names), "index": index}))
     if not isinstance(out, dict) or not out.get("connected"):
         raise CheckFailed(
             f"On {label}: the output is not connected to the inputs' autograd graph "
@@ -234,8 +242,8 @@ def layout(trial: Any, args: tuple, attrs: Sequence[str] = (), kwargs: dict | No
     """The student's module ``impl(*args, **kwargs)`` described by the ``layout`` probe
     (parameter shapes, submodule classes, ``attrs``; parameter values with ``values``)."""
     label = label or f"{trial.spec.name}{tuple(args)}"
-    inputs = {"args": tuple(args), "kwargs": dict(kwargs or {}), "attrs": list(attrs), "values": values}
-    out = trial.student(inputs, label, probe="layout")
+    inputs = {"args": tuple(args), "kwargs": dict(kwargs or {})}
+    out = trial.student(inputs, label, probe=Probe("layout", {"attrs": list(attrs), "values": values}))
     if not isinstance(out, dict) or not out.get("module"):
         raise CheckFailed(f"{label} should construct an nn.Module, got {out.get('type') if isinstance(out, dict) else out}.")
     return out
@@ -364,8 +372,8 @@ def ignored_get_no_gradient(case: Case, ignored: Callable[[dict], Tensor],
 
     def run(trial: Any) -> None:
         inputs = case.make(trial.device)
-        asked = {**inputs, "_grads": {"names": ["logits"], "index": None, "reduce": "sum"}}
-        out = trial.student(asked, case.label, probe="gradients")
+        out = trial.student(inputs, case.label, probe=Probe("gradients", {"names": ["logits"], "index": None,
+                                                                           "reduce": "sum"}))
         out = out if isinstance(out, dict) else {}
         loss = out.get("output")
         if not out.get("connected") or not isinstance(loss, Tensor) or loss.dim() != 0:

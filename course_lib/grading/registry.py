@@ -27,6 +27,7 @@ ITEM_MODULES = (
     "course_lib.grading.items.bert",
     "course_lib.grading.items.gpt",
     "course_lib.grading.items.efficient_attention",
+    "course_lib.grading.items.vision",
 )
 
 

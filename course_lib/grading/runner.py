@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..device import get_device, torch_threads
-from .calls import (Call, ReferenceUsed, _student_frame, is_reference, perform, qualified, quiet,
+from .calls import (INVOKE, Call, Probe, ReferenceUsed, student_frame, is_reference, perform, qualified, quiet,
                     unwatched)
 from .spec import CheckFailed, ItemSpec, SubCheck
 from .wire import decode, encode, to_plain
@@ -44,12 +44,18 @@ __all__ = ["Trial", "SubResult", "ItemResult", "Score", "grade", "check", "forma
 # The salt: grading inputs that cannot be known in advance
 # ---------------------------------------------------------------------------
 
-_SALT: contextvars.ContextVar[int] = contextvars.ContextVar("grading_salt", default=0)
+_SALT: contextvars.ContextVar[int | None] = contextvars.ContextVar("grading_salt", default=None)
 
 
 def current_salt() -> int:
-    """The salt of the check being run (0 in a notebook: the inputs students see)."""
-    return _SALT.get()
+    """The salt of the check being run (0 in a notebook: the inputs students see). Outside a
+    running check there is none: an input made then (when a spec is built, at import) would
+    be the same for every grading, so asking is an error."""
+    salt = _SALT.get()
+    if salt is None:
+        raise RuntimeError("a grading seed was asked for outside a running check: make seeded inputs in a "
+                           "Case's make() (called while the check runs), not when the spec is built")
+    return salt
 
 
 @contextlib.contextmanager
@@ -144,7 +150,7 @@ class Trial:
         self.warnings: list[str] = []
 
     # -- running ---------------------------------------------------------
-    def student(self, inputs: dict, label: str = "", probe: str = "invoke") -> Any:
+    def student(self, inputs: dict, label: str = "", probe: Probe = INVOKE) -> Any:
         """The student's answer for ``probe`` on ``inputs`` (plain data)."""
         answer = self.source.answer(Call(self.spec.name, inputs, probe))
         return self._unwrap(answer, label)
@@ -179,21 +185,21 @@ class Trial:
                               "or raised an error).", stop=True)
         raise CheckFailed(f"`{name}`{on}: {text or 'no answer'}", stop=kind == "no_answer")
 
-    def reference(self, inputs: dict, probe: str = "invoke") -> Any:
+    def reference(self, inputs: dict, probe: Probe = INVOKE) -> Any:
         """The reference's output on ``inputs``, as plain data."""
         answer = perform(self.spec, self.spec.reference, Call(self.spec.name, inputs, probe), watch=False)
         if not answer["ok"]:
             raise RuntimeError(f"the reference of {self.spec.name} failed: {answer}")
         return to_plain(answer["value"])
 
-    def mistake_output(self, impl: Any, inputs: dict, probe: str = "invoke") -> Any:
+    def mistake_output(self, impl: Any, inputs: dict, probe: Probe = INVOKE) -> Any:
         """A catalogued mistake's output on ``inputs`` (None if it raises)."""
         answer = perform(self.spec, impl, Call(self.spec.name, inputs, probe), watch=False)
         return to_plain(answer["value"]) if answer["ok"] else None
 
     # -- comparing -------------------------------------------------------
     def likely_mistake(self, case: Any, got: Any, expected: Any, differ: Any = None,
-                       probe: str = "invoke") -> str | None:
+                       probe: Probe = INVOKE) -> str | None:
         """The hint of the first catalogued mistake that reproduces ``got`` on ``case``.
 
         ``differ(a, b)`` returns None when two outputs match (default:
@@ -213,7 +219,7 @@ class Trial:
                 return mistake.hint
         return None
 
-    def compare(self, cases: Sequence[Any], probe: str = "invoke", differ: Any = None) -> None:
+    def compare(self, cases: Sequence[Any], probe: Probe = INVOKE, differ: Any = None) -> None:
         """Compare the student's answer to ``probe`` with the reference's on each case;
         ``differ(expected, got)`` says how they differ, None when they match (default:
         :func:`~course_lib.grading.compare.describe_difference`)."""
@@ -340,7 +346,7 @@ def _run_subchecks(spec: ItemSpec, subchecks: Sequence[SubCheck], trial: Trial, 
             result.reference_used = str(used)
             result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, "not run"))
         except Exception as exc:  # a student's output can break a property check
-            where = _student_frame(traceback.extract_tb(exc.__traceback__))
+            where = student_frame(traceback.extract_tb(exc.__traceback__))
             result.results.append(
                 SubResult(sub.title, sub.points, 0.0, sub.hidden,
                           f"Checking failed with {type(exc).__name__}{where}: {str(exc).strip()[:300]}"))

@@ -13,19 +13,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from .calls import CheckFailed, Invoke  # (CheckFailed is defined where the student's side raises it too)
+
 __all__ = ["CheckFailed", "Case", "Mistake", "SubCheck", "ItemSpec", "call_function"]
-
-
-class CheckFailed(Exception):
-    """Raised by a sub-check with the message to show the student.
-
-    ``stop=True`` skips the item's remaining sub-checks (used when the student's
-    code is still the stub, so that the report says it once).
-    """
-
-    def __init__(self, message: str, stop: bool = False) -> None:
-        super().__init__(message)
-        self.stop = stop
 
 
 @dataclass(frozen=True)
@@ -79,11 +69,6 @@ def call_function(impl: Callable[..., Any], inputs: Mapping[str, Any]) -> Any:
     return impl(**inputs)
 
 
-def _function_invoke() -> Any:
-    from .calls import Invoke
-    return Invoke()
-
-
 @dataclass(frozen=True)
 class ItemSpec:
     """Everything needed to grade one item.
@@ -106,7 +91,7 @@ class ItemSpec:
     reference: Any
     subchecks: Sequence[SubCheck]
     mistakes: Sequence[Mistake] = ()
-    invoke: Any = field(default_factory=_function_invoke)
+    invoke: Any = field(default_factory=Invoke)
     output_names: Sequence[str] = ()
     forbidden: Mapping[Any, str] = field(default_factory=dict)
 

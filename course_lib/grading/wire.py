@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Build", "GeneratorState", "Opaque", "WireError", "Limits", "encode", "decode",
+__all__ = ["Build", "GeneratorState", "Opaque", "WireError", "WireLimits", "encode", "decode",
            "to_plain"]
 
 _DTYPES = {
@@ -40,7 +40,7 @@ class WireError(ValueError):
 
 
 @dataclass(frozen=True)
-class Limits:
+class WireLimits:
     """Bounds :func:`decode` enforces on a message from an untrusted peer."""
 
     max_bytes: int = 512 * 2**20
@@ -192,7 +192,7 @@ def encode(x: Any, kind: str = "value") -> bytes:
 # ---------------------------------------------------------------------------
 
 class _Decoder:
-    def __init__(self, tensors: list[torch.Tensor], limits: Limits) -> None:
+    def __init__(self, tensors: list[torch.Tensor], limits: WireLimits) -> None:
         self.tensors = tensors
         self.limits = limits
         self.nodes = 0
@@ -291,7 +291,7 @@ class _Decoder:
         raise WireError(f"unknown tag {str(tag)[:40]!r}")
 
 
-def decode(data: bytes, limits: Limits = Limits(), kind: str | None = None) -> Any:
+def decode(data: bytes, limits: WireLimits = WireLimits(), kind: str | None = None) -> Any:
     """The value encoded in ``data``; :class:`WireError` if it is malformed or too big."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError("not bytes")

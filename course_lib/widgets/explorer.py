@@ -34,6 +34,12 @@ Usage (the explorer is the cell's last expression; the controls can also be set 
     explorer.global_positions.value = "0, 8"     # positions, counted from 0
     explorer.causal.value = False                # Longformer's two-sided window
 
+Patch tokens (notebook 10): ``AttentionExplorer(labels, source, image=image, grid=(gh, gw))``,
+the labels being the tokens' names (``"[CLS]"``, then patch coordinates ``"r,c"``), shows beside
+the heatmap the map of one query token (``explorer.query``, [CLS] by default) over the image:
+the selected head's weights on the last ``gh·gw`` keys (the patches), laid out on the grid (the
+mean of the heads when all heads are shown); ``explorer.image_map`` holds it.
+
 The logic is plain functions and small classes whose state (``explorer.weights``,
 ``explorer.prediction``, ``explorer.mask``, ``explorer.png``, ``explorer.error``) can be
 read in tests without a browser; the widgets only set that state. Everything renders to
@@ -47,7 +53,7 @@ import contextlib
 import html
 import io
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import ipywidgets as widgets
@@ -345,12 +351,25 @@ class AttentionExplorer:
     """
 
     def __init__(self, tokens: Sequence[str], attend: Callable[[Tensor | None], Tensor] | ModelSource,
-                 title: str = "attention", query_tokens: Sequence[str] | None = None) -> None:
+                 title: str = "attention", query_tokens: Sequence[str] | None = None, image: Any = None,
+                 grid: Sequence[int] | None = None) -> None:
         self.tokens = [str(t) for t in tokens]
         self.query_tokens = [str(t) for t in query_tokens] if query_tokens is not None else self.tokens
         self.source = attend if isinstance(attend, ModelSource) else _CallableSource(attend)
         self.title = title
         T = len(self.tokens)
+        self.image = None if image is None else to_numpy(image)
+        self.grid = None if grid is None else (int(grid[0]), int(grid[1]))
+        if self.image is not None:
+            if self.grid is None or self.grid[0] * self.grid[1] > T:
+                raise ValueError(f"an image needs grid=(rows, columns) of patch tokens, at most the {T} tokens")
+            if self.image.ndim == 3 and self.image.shape[0] in (1, 3):  # (C, H, W) -> (H, W, C)
+                self.image = np.transpose(self.image, (1, 2, 0))
+            self.image = np.clip(self.image, 0, 1)
+        self.image_map: np.ndarray | None = None
+        self.image_png = b""
+        self.image_output = widgets.Output()
+        self._image_figure: tuple | None = None
         style = {"description_width": "initial"}
         self.mode = widgets.Dropdown(options=MASK_MODES, value="none", description="mask", style=style)
         self.length = widgets.IntSlider(value=T, min=1, max=T, description="length (padding)", style=style)
@@ -368,6 +387,8 @@ class AttentionExplorer:
         self.layer = widgets.Dropdown(options=list(range(self.source.n_layer)), value=0,
                                       description="layer", style=style)
         self.head = widgets.Dropdown(options=[0], value=0, description="head", style=style)
+        self.query = widgets.Dropdown(options=[(label, i) for i, label in enumerate(self.query_tokens)], value=0,
+                                      description="query over the image", style=style)
         self.ablation = widgets.HBox([])
         self.ablate: dict[int, list[widgets.Checkbox]] = {}
         self.prediction_box = widgets.HTML(value="")
@@ -390,7 +411,7 @@ class AttentionExplorer:
                     box.observe(lambda change: self.update(), names="value")
         self._refresh_head_options(first=True)
         for control in (self.mode, self.length, self.window, self.dilation, self.global_positions, self.causal,
-                        self.temperature, self.head):
+                        self.temperature, self.head, self.query):
             control.observe(lambda change: self.update(), names="value")
         self.layer.observe(lambda change: (self._refresh_head_options(), self.update()), names="value")
         self.update()
@@ -423,6 +444,9 @@ class AttentionExplorer:
         if self.ablate:
             rows.append(self.ablation)
             rows.append(self.prediction_box)
+        if self.image is not None:
+            rows.append(self.query)
+            return widgets.VBox(rows + [widgets.HBox([self.output, self.image_output])])
         return widgets.VBox(rows + [self.output])
 
     # -- computing and drawing --------------------------------------------
@@ -455,6 +479,8 @@ class AttentionExplorer:
         if self.prediction is not None:
             self.prediction_box.value = self.prediction
         self._draw(grid)
+        if self.image is not None:
+            self._draw_image(layer_weights, grid)
         self._show()
         self.last_update_seconds = time.perf_counter() - start
 
@@ -541,6 +567,33 @@ class AttentionExplorer:
         PIL.Image.fromarray(pixels[..., :3]).save(buffer, format="png", compress_level=1)
         self.png = buffer.getvalue()
 
+    def _draw_image(self, layer_weights: Tensor, grid: bool) -> None:
+        """The query token's map over the patches (the shown head, or the heads' mean), over the image."""
+        gh, gw = self.grid
+        n = gh * gw
+        rows = layer_weights[:, self.query.value, -n:]  # (H, n): the query's weights on the patch keys
+        shown = rows.mean(dim=0) if grid else rows[self.head.value]
+        self.image_map = to_numpy(shown).reshape(gh, gw)
+        if self._image_figure is None:
+            fig, ax = plt.subplots(figsize=(2.8, 3.0), dpi=72, layout="constrained")
+            plt.close(fig)
+            ax.imshow(self.image, interpolation="nearest")
+            overlay = ax.imshow(np.zeros((gh, gw)), cmap="magma", alpha=0.55, vmin=0,
+                                extent=(-0.5, self.image.shape[1] - 0.5, self.image.shape[0] - 0.5, -0.5),
+                                interpolation="bilinear")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            self._image_figure = (fig, ax, overlay, FigureCanvasAgg(fig))
+        fig, ax, overlay, canvas = self._image_figure
+        overlay.set_data(self.image_map)
+        overlay.set_clim(0, max(float(self.image_map.max()), 1e-12))
+        head = "mean of the heads" if grid else f"head {self.head.value}"
+        ax.set_title(f"{self.query_tokens[self.query.value]} → patches\nlayer {self.layer.value}, {head}", fontsize=9)
+        canvas.draw()
+        buffer = io.BytesIO()
+        PIL.Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3]).save(buffer, format="png", compress_level=1)
+        self.image_png = buffer.getvalue()
+
     def _show(self) -> None:
         try:
             from IPython import get_ipython
@@ -552,6 +605,10 @@ class AttentionExplorer:
         with self.output:
             clear_output(wait=True)
             display(Image(data=self.png, format="png"))
+        if self.image is not None:
+            with self.image_output:
+                clear_output(wait=True)
+                display(Image(data=self.image_png, format="png"))
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

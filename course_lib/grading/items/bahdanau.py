@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ... import bahdanau as ref
-from ..calls import Invoke
+from ..calls import Invoke, Probe
 from ..properties import (compare_cases, dtype_name, gradients_reach, masked_keys_ignored, masked_weights_zero,
                           module_case, parameter_shapes, randn, variant, weights_sum_to_one)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -168,8 +168,8 @@ def _softmax_case(seed: int, B: int, T: int, dtype: torch.dtype, masked: bool = 
         return {"scores": 2 * randn((B, T), seed, dtype, device),
                 "mask": _lengths_mask(B, T, device) if masked else None}
 
-    sample = make(torch.device("cpu"))
-    return Case(f"scores ({B}, {T}) {dtype_name(dtype)}, {_mask_words(sample['mask'])}", make)
+    mask = _lengths_mask(B, T, torch.device("cpu")) if masked else None  # (the same for every seed)
+    return Case(f"scores ({B}, {T}) {dtype_name(dtype)}, {_mask_words(mask)}", make)
 
 
 def _hand_softmax_case() -> Case:
@@ -368,8 +368,8 @@ def _attn_spec() -> ItemSpec:
         """The module keeps its own initialisation; h and s require a gradient (a non-finite
         gradient counts as one: masked rows are judged by the other sub-checks)."""
         case = hidden[0]
-        inputs = {**case.make(trial.device), "state": None, "_grads": {"names": ["h", "s"]}}
-        out = trial.student(inputs, case.label, probe="gradients")
+        inputs = {**case.make(trial.device), "state": None}
+        out = trial.student(inputs, case.label, probe=Probe("gradients", {"names": ["h", "s"]}))
         if not isinstance(out, dict) or not out.get("connected"):
             raise CheckFailed(f"On {case.label}: the context is not connected to the autograd graph "
                               "(did you use .detach(), .item() or torch.no_grad()?).")

@@ -218,15 +218,17 @@ BPE_ENCODE_MISTAKES = (
 
 def _bpe_encode_random(trial) -> None:
     """12 random words (drawn from the salted seed when the check runs, so that the labels
-    show the words used) and 'cfac', 'dfbadf', encoded with 30 merges that the reference
+    show the words used) and 'cfac', 'dfbadf', 'caea', encoded with 30 merges that the reference
     learns here (grader side) on a fixed random vocabulary; a single letter; no merges.
 
     The merges are not salted: with them the hand-picked words 'cfac' and 'dfbadf' show
-    "longest merge first" and "first occurrence only" (with merges learned on a salted
-    vocabulary, "longest merge first" would go unnoticed for most salts)."""
+    "longest merge first" and "first occurrence only", and 'caea' shows "leftmost pair
+    first" and "last merge first" (with merges learned on a salted vocabulary, "longest
+    merge first" would go unnoticed for most salts; the 12 salted words alone miss
+    "leftmost pair first" for some salts)."""
     learned = ref_bpe.bpe_train(_random_word_counts(3, 40, "abcdef", salt=False), 30)
     rnd = random.Random(salted_seed(4))
-    words = ["".join(rnd.choice("abcdef") for _ in range(rnd.randint(1, 9))) for _ in range(12)] + ["cfac", "dfbadf"]
+    words = ["".join(rnd.choice("abcdef") for _ in range(rnd.randint(1, 9))) for _ in range(12)] + ["cfac", "dfbadf", "caea"]
     trial.compare([*(_encode_case(w, learned, "30 merges learned on random words") for w in words),
                    _encode_case("a", learned, "30 merges learned on random words"),
                    _encode_case("undo", [])])
@@ -252,7 +254,7 @@ def _bpe_encode_spec() -> ItemSpec:
                                    _encode_case("banana", [("a", "n"), ("b", "an"), ("an", "a")]),
                                    _encode_case("abcd", [("c", "d"), ("b", "c"), ("a", "b"), ("ab", "cd")])),
                      hidden=True),
-            SubCheck("14 random words with 30 merges learned by bpe_train; single letters; no merges", 1,
+            SubCheck("15 random words with 30 merges learned by bpe_train; single letters; no merges", 1,
                      _bpe_encode_random, hidden=True),
         ),
     )

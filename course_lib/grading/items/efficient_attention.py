@@ -19,12 +19,11 @@ import torch.nn.functional as F
 
 from ... import attention as ref_attention
 from ... import efficient_attention as ref
-from ..calls import Invoke
+from ..calls import Invoke, Probe
 from ..compare import describe_difference
 from ..properties import call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, randn, reference_state
 from ..properties import seed as salted_seed
-from ..fixtures.efficient import CountingGPT, EluFeatures, PositiveFeatures  # noqa: F401
-from ..runner import LIKELY_CAUSE
+from ..fixtures.efficient import CountingGPT, EluFeatures, GraderCache, PositiveFeatures, StrictCacheGPT  # noqa: F401
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 from ..wire import Build, GeneratorState
 
@@ -107,13 +106,21 @@ def _window_device(trial) -> None:
                           "pass device= to the tensors you create.")
 
 
+def _fresh_window_case(window: int, causal: bool) -> Case:
+    """A size this grading picks (5 to 11, from its salted seed, drawn when the case is
+    made, not when the spec is built): a different T for every submission."""
+    def make(device):
+        return {"T": 5 + salted_seed(901) % 7, "window": window, "causal": causal, "device": device}
+
+    return Case(f"a fresh T (5 to 11, this grading's own), window = {window}, causal={causal}", make)
+
+
 def _window_spec() -> ItemSpec:
-    fresh = 5 + salted_seed(901) % 7
     return ItemSpec(
         name="sliding_window_mask", reference=ref_attention.sliding_window_mask, mistakes=WINDOW_MISTAKES,
         subchecks=(
             SubCheck("causal window: T = 6, window = 3 (default causal) and a fresh size", 1,
-                     compare_cases(_window_case(6, 3, None), _window_case(fresh, 2, True))),
+                     compare_cases(_window_case(6, 3, None), _fresh_window_case(2, True))),
             SubCheck("non-causal window: T = 6, window = 2", 1, compare_cases(_window_case(6, 2, False))),
             SubCheck("window 1, a window longer than T, T = 1, both kinds; the device argument", 1,
                      lambda t: (t.compare([_window_case(5, 1, True), _window_case(4, 9, True), _window_case(1, 3, False),
@@ -279,7 +286,6 @@ def _swa(window_mask=_window, scale=True):
 
 def swa_padding_attended(q, k, v, window, causal=True):
     """Zero-padded keys outside the sequence are not masked: they get weight exp(0)."""
-    T = q.size(-2)
     left, right = window - 1, (0 if causal else window - 1)
     kp = F.pad(k, (0, 0, left, right)).unfold(-2, left + right + 1, 1).transpose(-2, -1)
     vp = F.pad(v, (0, 0, left, right)).unfold(-2, left + right + 1, 1).transpose(-2, -1)
@@ -306,7 +312,7 @@ def _no_square(case: Case):
     def run(trial) -> None:
         inputs = case.make(trial.device)
         T = inputs["q"].size(-2)
-        got = trial.student(inputs, case.label, probe="memory")
+        got = trial.student(inputs, case.label, probe=Probe("memory"))
         largest = got.get("largest") if isinstance(got, dict) else None
         if not isinstance(largest, list):
             raise CheckFailed(f"On {case.label}: the call could not be measured.")
@@ -466,7 +472,7 @@ def _cache_case(seed: int, steps: tuple[int, ...], B=2, H=3, d_k=4, d_v=5, dtype
             calls.append(["append", {"k": randn((B, H, t, d_k), seed + 2 * i, dtype, device),
                                      "v": randn((B, H, t, d_v), seed + 2 * i + 1, dtype, device)}])
             calls.append(["len", {}])
-        return {"_methods": calls}
+        return {"calls": calls}
 
     return Case(f"a new KVCache(), len, then append(k, v) of {list(steps)} time steps (k (B={B}, H={H}, t, {d_k}), "
                 f"v (…, {d_v}) {dtype_name(dtype)}), len after each", make)
@@ -533,12 +539,14 @@ def _cache_differ(expected, got):
 def _cache_spec() -> ItemSpec:
     return ItemSpec(
         name="KVCache", reference=ref.KVCache, mistakes=CACHE_MISTAKES,
+        forbidden={GraderCache: "it uses the grader's own cache (course_lib.grading.fixtures); write the cache "
+                                "yourself"},
         subchecks=(
             SubCheck("a prompt of 3 positions then two single steps: append returns everything so far, len counts "
-                     "positions", 1, compare_cases(_cache_case(10, (3, 1, 1)), probe="methods", differ=_cache_differ)),
+                     "positions", 1, compare_cases(_cache_case(10, (3, 1, 1)), probe=Probe("methods"), differ=_cache_differ)),
             SubCheck("one position first, then 4 at once, then 1; float64; a batch of 1 with 1 head", 1,
                      compare_cases(_cache_case(20, (1, 4, 1), dtype=f64), _cache_case(30, (2, 1, 1, 1), B=1, H=1, d_k=8, d_v=2),
-                                   probe="methods", differ=_cache_differ),
+                                   probe=Probe("methods"), differ=_cache_differ),
                      hidden=True),
         ),
     )
@@ -550,12 +558,13 @@ def _cache_spec() -> ItemSpec:
 
 
 def _gen_case(seed: int, B: int, T: int, new: int, block: int, temperature: float = 0.0, top_k=None,
-              n_layer: int = 2) -> Case:
+              n_layer: int = 2, strict: bool = False) -> Case:
     def make(device):
         args = (17, block, 16, n_layer, 2)
         state = {k: (v if k.startswith(("ln", "blocks.0.ln", "blocks.1.ln")) or v.dtype == torch.long else 10 * v)
                  for k, v in reference_state(CountingGPT, args, seed).items()}  # sharper than GPT's 0.02 init
-        model = Build(f"{_HERE}:CountingGPT", args, state=state, device=str(device), train=False)
+        model = Build(f"{_HERE}:{'StrictCacheGPT' if strict else 'CountingGPT'}", args, state=state,
+                      device=str(device), train=False)
         idx = torch.randint(0, 17, (B, T), generator=generator(seed)).to(device)
         out = {"model": model, "idx": idx, "max_new_tokens": new, "temperature": temperature, "top_k": top_k}
         if temperature > 0:
@@ -563,8 +572,9 @@ def _gen_case(seed: int, B: int, T: int, new: int, block: int, temperature: floa
         return out
 
     how = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}" + (f", top_k={top_k}" if top_k else "")
-    return Case(f"a small GPT ({n_layer} blocks, block_size={block}), idx ({B}, {T}), max_new_tokens={new}, {how}",
-                make)
+    model = ("a GPT that answers right only when fed the newest token with its caches" if strict else
+             f"a small GPT ({n_layer} blocks, block_size={block})")
+    return Case(f"{model}, idx ({B}, {T}), max_new_tokens={new}, {how}", make)
 
 
 def _gen_loop(step):
@@ -577,13 +587,18 @@ def _gen_loop(step):
     return gen
 
 
-def _cached(whole=False, position=-1, new_only=False):
-    """A wrong cached generation: the whole sequence run at each step (``whole``), the first
-    token read at ``position``, only the new tokens returned."""
+def _cached(whole=False, position=-1, new_only=False, recompute=False):
+    """A wrong cached generation: the whole sequence run at each step with the caches
+    (``whole``) or without any (``recompute``), the first token read at ``position``, only
+    the new tokens returned."""
 
     def step(model, idx, n, sample):
         caches = [_Cache() for _ in model.blocks]
         prompt = idx.size(1)
+        if recompute:
+            for _ in range(n):
+                idx = torch.cat([idx, sample(model(idx[:, -model.block_size:])[:, -1, :])[:, None]], 1)
+            return idx
         if whole:
             for _ in range(n):
                 idx = torch.cat([idx, sample(model(idx, caches=caches)[:, -1, :])[:, None]], 1)
@@ -604,7 +619,13 @@ WHOLE_SEQUENCE_HINT = (
     "with the cache it appends the keys of the earlier tokens again. After the prompt, run the model on the one new "
     "token only (idx[:, -1:]) with the caches.")
 
+RECOMPUTE_HINT = (
+    "Each step runs the model on the whole sequence again, without caches: the tokens are right but nothing is saved, "
+    "every step recomputes the keys and values of every earlier position. Keep one KVCache per block and, after the "
+    "prompt, run the model on the newest token only: model(idx[:, -1:], caches=caches).")
+
 GENERATE_MISTAKES = (
+    Mistake("recomputes every step", _cached(recompute=True), RECOMPUTE_HINT),
     Mistake("cache re-appends the prompt", _cached(whole=True), WHOLE_SEQUENCE_HINT),
     Mistake("first position's logits", _cached(position=0),
             "The first token comes from the logits of the prompt's first position: use the last one, logits[:, -1, :]."),
@@ -613,39 +634,16 @@ GENERATE_MISTAKES = (
 )
 
 
-def _one_token_per_step(case: Case, expected_positions: int, whole_sequence: int):
-    """The tokens match and the model ran on ``expected_positions`` positions in all
-    (``whole_sequence``: what running on the whole sequence at each step costs)."""
-
-    def run(trial) -> None:
-        output, after = call_and_inspect(trial, case.make(trial.device), ["model"], case.label)
-        model = after.get("model")
-        ran = (model.get("state", {}) if isinstance(model, dict) else {}).get("positions_run")
-        expected = trial.reference(case.make(trial.device))
-        problem = describe_difference(expected, output)
-        if problem:
-            hint = trial.likely_mistake(case, output, expected)
-            raise CheckFailed(f"On {case.label}: {problem}" + (f"\n{LIKELY_CAUSE}{hint}" if hint else ""))
-        if ran is None or int(ran) != expected_positions:
-            message = (f"On {case.label}: the model ran on {int(ran) if ran is not None else '?'} positions in all; "
-                       f"with a key/value cache it runs on the prompt once and then on one new token per step, "
-                       f"{expected_positions} positions. Pass the caches to the model (model(x, caches=caches)) and "
-                       "feed it only the token just sampled.")
-            if ran is not None and int(ran) == whole_sequence:
-                message += f"\n{LIKELY_CAUSE}{WHOLE_SEQUENCE_HINT}"
-            raise CheckFailed(message)
-
-    return run
-
-
 def _cached_generate_spec() -> ItemSpec:
     return ItemSpec(
         name="cached_generate", reference=ref.cached_generate, mistakes=GENERATE_MISTAKES,
+        # judged on its own: while it runs, the notebook's KVCache is the grader's cache
+        invoke=Invoke(names=(("KVCache", f"{_HERE}:GraderCache"),)),
         subchecks=(
             SubCheck("greedy: the same tokens as generate while the sequence fits in the block", 1,
                      compare_cases(_gen_case(10, 4, 3, 8, 64))),
-            SubCheck(f"{ADVICE}one new token per step: prompt 4 + 6 steps run on 9 positions", 0,
-                     _one_token_per_step(_gen_case(20, 2, 4, 6, 64), 9, sum(range(4, 10)))),
+            SubCheck("one new token per step with the caches: prompt 4, 6 steps", 1,
+                     compare_cases(_gen_case(20, 2, 4, 6, 64, strict=True), _gen_case(25, 1, 3, 9, 6, strict=True))),
             SubCheck("sampling with a generator (temperature, top_k) gives generate's tokens", 1,
                      compare_cases(_gen_case(30, 3, 2, 6, 16, temperature=1.0),
                                    _gen_case(40, 2, 5, 5, 16, temperature=0.7, top_k=4)), hidden=True),

@@ -11,7 +11,7 @@ from torch import nn
 
 from ... import attention as ref
 from ..calls import Invoke
-from ..properties import (compare_cases, dtype_name, generator, gradients_reach, mask_words, masked_keys_ignored,
+from ..properties import (compare_cases, sample_inputs, dtype_name, generator, gradients_reach, mask_words, masked_keys_ignored,
                           masked_weights_zero, module_case, module_gradients, parameter_shapes, randn, seed, variant,
                           weights_sum_to_one)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -41,7 +41,7 @@ def _sdpa_case(seed: int, batch: tuple[int, ...], t_q: int, t_k: int, d_k: int, 
             m = m.view(b, *([1] * (len(batch) - 1)), 1, t_k) if batch else m.view(1, t_k)
         return {"q": q, "k": k, "v": v, "mask": m}
 
-    sample = make(torch.device("cpu"))
+    sample = sample_inputs(make)
     label = (f"q {tuple(sample['q'].shape)}, k {tuple(sample['k'].shape)}, v {tuple(sample['v'].shape)} "
              f"{dtype_name(dtype)}, {mask_words(sample['mask'])}")
     return Case(label, make)

@@ -1,0 +1,195 @@
+"""The sandbox one submission runs in, seen from inside: one notebook of probes graded by
+the real supervisor (bubblewrap, the runner, the plan and the judgement), then checked
+from outside. The class-level attacks are in tests/grading/test_hostile_class.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import sandbox
+from autograder.stubs import build_course_copy
+from autograder.worker import grade_notebook
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+MARKER = "SANDBOX-PROBE-DAEMON-7f3a"
+
+PROBES = r'''
+import json, os, socket, subprocess, sys
+facts = {"uid": os.getuid(), "cwd": os.getcwd(), "pid": os.getpid(), "home": os.listdir(os.path.expanduser("~")),
+         "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+facts["repo_visible"] = [n for n in ("course_lib", "solutions", "notebooks", "nbgrader_config.py", "grading")
+                         if os.path.exists(os.path.join(REPO, n))]
+facts["course_lib"] = __import__("course_lib").__file__
+try:
+    import course_lib.grading.items
+    facts["items_importable"] = True
+except ImportError:
+    facts["items_importable"] = False
+import course_lib.attention as att
+facts["reference_is_stub"] = hasattr(att.causal_mask, "__workbook_reference__")
+try:
+    open("/opt/course/course_lib/attention.py", "a").write("# hacked\n")
+    facts["course_writable"] = True
+except OSError:
+    facts["course_writable"] = False
+try:
+    socket.create_connection(("127.0.0.1", PORT), timeout=2).close()
+    facts["host_port_reached"] = True
+except OSError:
+    facts["host_port_reached"] = False
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2).close()
+    facts["internet"] = True
+except OSError:
+    facts["internet"] = False
+written = 0
+try:
+    with open("big", "wb") as f:
+        for _ in range(200):
+            f.write(b"\0" * 2**20)
+            written += 1
+except OSError:
+    pass
+facts["written_mb"] = written
+os.remove("big")
+pids = []
+try:
+    for _ in range(100):
+        pid = os.fork()
+        if pid == 0:
+            import time; time.sleep(30); os._exit(0)
+        pids.append(pid)
+except OSError:
+    pass
+facts["forked"] = len(pids)
+for pid in pids:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+try:
+    hog = bytearray(3 * 2**30)
+    facts["memory_hog"] = "allocated"
+except MemoryError:
+    facts["memory_hog"] = "MemoryError"
+subprocess.Popen(["setsid", sys.executable, "-c", "import time; time.sleep(120)  # " + MARKER],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+print("FACTS " + json.dumps(facts))
+'''
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    sandbox.check_available()
+    tmp = tmp_path_factory.mktemp("sandbox")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    released = nbformat.read(str(ROOT / "notebooks" / "03_self_attention" / "03_self_attention.ipynb"), as_version=4)
+    setup = next(c for c in released.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "setup")
+    test = next(c for c in released.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_causal_mask")
+    solution = nbformat.v4.new_code_cell("def causal_mask(T, device=None):\n"
+                                         "    return torch.ones(T, T, dtype=torch.bool, device=device).tril()\n")
+    solution.metadata["nbgrader"] = {"grade": False, "solution": True, "locked": False, "grade_id": "causal_mask",
+                                     "schema_version": 3}
+    probe = nbformat.v4.new_code_cell(PROBES.replace("REPO", repr(str(ROOT))).replace("PORT", str(port))
+                                      .replace("MARKER", repr(MARKER)))
+    nb = nbformat.v4.new_notebook(cells=[setup, solution, probe, test])
+    copy = build_course_copy(tmp / "course", ["causal_mask"])
+    limits = sandbox.Limits(cell_timeout=60, notebook_timeout=240, memory_mb=2048, disk_mb=64, max_processes=24)
+    job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {"causal_mask": 99},
+           "extra_files": []}
+    try:
+        result = grade_notebook(job, copy, tmp / "job")
+    finally:
+        server.close()
+    out = json.loads(result["notebook"])["cells"][2]["outputs"]
+    text = "".join(o.get("text", "") for o in out)
+    facts = json.loads(text.split("FACTS ", 1)[1].splitlines()[0]) if "FACTS " in text else {"outputs": out}
+    return result, facts
+
+
+def test_the_submission_is_graded_in_the_sandbox(probed):
+    result, _ = probed
+    assert result["cells"] == [{"grade_id": "test_causal_mask", "score": 2.0, "max_score": 2.0, "error": ""}]
+
+
+def test_the_sandbox_sees_nothing_of_the_course_and_no_network(probed):
+    _, facts = probed
+    assert facts["cwd"] == sandbox.WORK_DIR and set(facts["home"]) <= {".ipython", ".cache"}
+    assert facts["uid"] != 0
+    assert facts["repo_visible"] == []  # (the virtual environment inside it is visible, read-only)
+    assert facts["course_lib"].startswith(sandbox.COURSE_DIR)
+    assert not facts["items_importable"]  # no check specs, hidden tests or mistakes inside
+    assert facts["reference_is_stub"]
+    assert not facts["course_writable"]
+    assert not facts["host_port_reached"] and not facts["internet"]
+    assert max(facts["pids"]) < 100  # its own process namespace
+
+
+def test_the_sandbox_caps_disk_processes_and_memory(probed):
+    _, facts = probed
+    assert facts["written_mb"] < 64
+    assert facts["forked"] < 24
+    assert facts["memory_hog"] == "MemoryError"
+
+
+def test_nothing_outlives_the_sandbox(probed):
+    time.sleep(1)
+    alive = subprocess.run(["pgrep", "-f", MARKER], capture_output=True, text=True).stdout.split()
+    assert alive == [], f"processes left behind: {alive}"
+
+
+def test_without_bubblewrap_grading_refuses_with_the_fix(monkeypatch):
+    sandbox.check_available.cache_clear()
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+            sandbox.check_available()
+    finally:
+        sandbox.check_available.cache_clear()
+
+
+def test_the_cli_refuses_without_a_sandbox_and_names_the_escape_hatch(tmp_path):
+    (tmp_path / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text())
+    sub = tmp_path / "grading" / "submitted" / "s1" / "03_self_attention"
+    sub.mkdir(parents=True)
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent), PYTHONPATH=str(ROOT))
+    code = ("import autograder.sandbox as s; s._bwrap = lambda: None; "
+            "from autograder.cli import main; raise SystemExit(main(['--course', %r, 'autograde', '03_self_attention']))"
+            % str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert "bubblewrap" in proc.stderr and "--unsafe-no-sandbox" in proc.stderr
+
+
+def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_path):
+    """A cell that ignores interrupts and keeps the grader's socket busy with messages is
+    stopped at the notebook's time limit (the deadlines are checked on every message)."""
+    flood = nbformat.v4.new_code_cell(
+        "import signal, struct, time, workbook_runner\n"
+        "from course_lib.grading.wire import encode\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "frame = encode({'type': 'hello'}, kind='message')\n"
+        "burst = (struct.pack('<I', len(frame)) + frame) * 2000\n"
+        "t = time.time()\n"
+        "while time.time() - t < 120:\n"
+        "    workbook_runner._CHANNEL.sock.sendall(burst)\n")
+    nb = nbformat.v4.new_notebook(cells=[flood])
+    copy = build_course_copy(tmp_path / "course", [])
+    limits = sandbox.Limits(cell_timeout=5, notebook_timeout=10, memory_mb=2048)
+    job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {}, "extra_files": []}
+    start = time.monotonic()
+    result = grade_notebook(job, copy, tmp_path / "job")
+    assert time.monotonic() - start < 60
+    assert {p["kind"] for p in result["problems"]} & {"cell_timeout", "notebook_timeout"}

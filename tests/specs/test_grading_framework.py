@@ -1,0 +1,368 @@
+"""The check framework: every spec accepts the course's solutions, catches each of its
+catalogued mistakes with the right hint, refuses the reference, reports stubs once,
+never writes to stderr, and speaks nbgrader's partial-credit language."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+from nbformat.v4 import new_code_cell, new_output
+from nbgrader.utils import determine_grade
+
+from course_lib import bert, bpe, multihead, positional
+from course_lib.grading.items.bert import HAND_MERGES
+from course_lib.grading import all_specs, check, get_spec, grade, working_or_reference
+from course_lib.grading.compare import describe_difference
+from conftest import ROOT
+from nbtools import exec_solution_cells
+
+SPECS = all_specs()
+
+
+def _solution_assignments() -> list[str]:
+    return sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
+
+
+def _solution_items():
+    for assignment in _solution_assignments():
+        nb = json.loads((ROOT / "solutions" / assignment / f"{assignment}.ipynb").read_text())
+        for c in nb["cells"]:
+            meta = c.get("metadata", {}).get("nbgrader", {})
+            if meta.get("solution") and c["cell_type"] == "code":
+                yield assignment, meta["grade_id"]
+
+
+SOLUTION_ITEMS = list(_solution_items())
+
+
+@pytest.fixture(scope="module")
+def namespaces():
+    return {a: exec_solution_cells(a) for a in _solution_assignments()}
+
+
+@pytest.mark.parametrize("assignment,item", SOLUTION_ITEMS)
+def test_solution_earns_full_points(namespaces, assignment, item):
+    spec = get_spec(item)
+    result = grade(spec, namespaces[assignment][item], hidden=True)
+    failures = [f"{r.title}: {r.message}" for r in result.results if not r.passed]
+    assert not result.reference_used, result.reference_used
+    assert result.earned == spec.points, failures
+
+
+MISTAKES = [(name, m) for name, spec in SPECS.items() for m in spec.mistakes]
+
+
+@pytest.mark.parametrize("item,mistake", MISTAKES, ids=[f"{n}-{m.name}" for n, m in MISTAKES])
+def test_mistake_loses_points_and_is_named(item, mistake):
+    spec = get_spec(item)
+    result = grade(spec, mistake.impl, hidden=True)
+    assert not result.reference_used, f"mistake variant trips the reference watch: {result.reference_used}"
+    assert result.earned < spec.points, f"{mistake.name} earned full points"
+    messages = "\n".join(r.message for r in result.results)
+    assert mistake.hint in messages, f"hint for '{mistake.name}' not shown; messages were:\n{messages}"
+
+
+def _wrap(reference):
+    if isinstance(reference, type):
+        class Wrapper(torch.nn.Module):
+            def __init__(self, *args, **kwargs):
+                super().__init__()
+                self.inner = reference(*args, **kwargs)
+
+            def forward(self, *args, **kwargs):
+                return self.inner(*args, **kwargs)
+
+        return Wrapper
+
+    def wrapper(*args, **kwargs):
+        return reference(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("item", sorted(SPECS))
+def test_reference_and_wrappers_of_it_earn_nothing(item):
+    spec = get_spec(item)
+    for impl in (spec.reference, _wrap(spec.reference)):
+        result = grade(spec, impl, hidden=True)
+        assert result.earned == 0 and result.score == 0
+        assert "reference" in result.reference_used
+
+
+def test_stub_is_reported_once_and_scores_zero(capsys):
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        raise NotImplementedError()
+
+    score = check("scaled_dot_product_attention", scaled_dot_product_attention, hidden=True)
+    out = capsys.readouterr().out
+    assert score == 0.0
+    assert out.count("still contains the stub") == 1
+    assert "(not run)" in out
+
+
+def test_student_exception_names_the_line(capsys):
+    def causal_mask(T, device=None):
+        m = torch.ones(T, T).trill()  # typo
+        return m
+
+    check("causal_mask", causal_mask)
+    out = capsys.readouterr().out
+    assert "AttributeError" in out and "torch.ones(T, T).trill()" in out
+
+
+def test_checks_never_write_to_stderr(capfd):
+    def causal_mask(T, device=None):
+        warnings.warn("a harmless warning from student code", UserWarning)
+        print("noise", file=sys.stderr)
+        os.write(2, b"C-level noise\n")
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+    score = check("causal_mask", causal_mask, hidden=True)
+    out, err = capfd.readouterr()
+    assert err == ""
+    assert score == 2.0
+    assert "a harmless warning from student code" in out  # reported as a note instead
+
+
+def test_visible_score_is_scaled_to_the_item_points():
+    spec = get_spec("scaled_dot_product_attention")
+
+    def no_mask_support(q, k, v, mask=None):  # right without a mask, wrong with one
+        w = torch.softmax(q @ k.transpose(-2, -1) / q.size(-1) ** 0.5, dim=-1)
+        return w @ v, w
+
+    visible = grade(spec, no_mask_support, hidden=False)
+    assert [r.passed for r in visible.results] == [True, False]
+    assert visible.score == pytest.approx(spec.points / 2)
+    graded = grade(spec, no_mask_support, hidden=True)
+    assert graded.score == graded.earned < spec.points
+
+
+def test_score_is_read_by_nbgrader_as_partial_credit():
+    def causal_mask(T, device=None):
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
+
+    def padding_mask(lengths, T):  # inverted for a batch of one: right on the visible cases only
+        mask = (torch.arange(T)[None, :] < lengths[:, None])[:, None, :]
+        return ~mask if len(lengths) == 1 else mask
+
+    for item, impl, expected in (("causal_mask", causal_mask, 0.0), ("padding_mask", padding_mask, 1.0)):
+        score = grade(get_spec(item), impl, hidden=True).score
+        assert score == expected
+        cell = new_code_cell("check(...)", metadata={"nbgrader": {"grade": True, "solution": False,
+                                                                   "points": get_spec(item).points,
+                                                                   "grade_id": f"test_{item}"}})
+        cell.outputs = [new_output("stream", name="stdout", text="report\n"),
+                        new_output("execute_result", data={"text/plain": repr(check(item, impl, hidden=True))},
+                                   execution_count=1)]
+        assert determine_grade(cell) == (expected, get_spec(item).points)
+
+
+def test_unknown_item_lists_known_names():
+    with pytest.raises(KeyError, match="causal_mask"):
+        get_spec("causal_mask_v2")
+
+
+def test_working_or_reference(capsys):
+    from course_lib.attention import causal_mask as reference
+
+    def good(T, device=None):
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+    def bad(T, device=None):
+        return torch.ones(T, T, dtype=torch.bool, device=device).triu()
+
+    assert working_or_reference("causal_mask", good) is good
+    assert capsys.readouterr().out == ""
+    assert working_or_reference("causal_mask", bad) is reference
+    assert "uses course_lib's reference" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("expected,got,fragment", [
+    (torch.zeros(2, 3), torch.zeros(3, 2), "has shape (3, 2), expected (2, 3)"),
+    (torch.zeros(2, dtype=torch.float64), torch.zeros(2), "dtype float32, expected float64"),
+    (torch.zeros(2, dtype=torch.bool), torch.zeros(2), "Masks are boolean"),
+    (torch.zeros(2, 2), torch.tensor([[0.0, 0.0], [0.5, float("nan")]]), "first at index (1, 0): expected 0, got 0.5"),
+    ((torch.zeros(1), torch.zeros(1)), torch.zeros(1), "should be a tuple of 2"),
+    ((torch.zeros(1), torch.zeros(1)), None, "did you forget `return`"),
+    (3, torch.tensor(3), "should be a Python int"),
+])
+def test_difference_messages(expected, got, fragment):
+    assert fragment in describe_difference(expected, got)
+
+
+def test_matching_outputs_have_no_message():
+    x = torch.randn(3, 4)
+    assert describe_difference((x, 1), (x.clone() + 1e-7, 1)) is None
+
+
+def test_specs_run_in_a_separate_process_without_a_kernel(tmp_path):
+    """A grader process can import a student's code from a file and run the same spec."""
+    import subprocess
+
+    (tmp_path / "student.py").write_text(
+        "import torch\n"
+        "def causal_mask(T, device=None):\n"
+        "    return torch.ones(T, T, dtype=torch.bool, device=device).triu()\n"
+    )
+    program = (
+        "import json, student\n"
+        "from course_lib.grading import get_spec, grade\n"
+        "r = grade(get_spec('causal_mask'), student.causal_mask, hidden=True)\n"
+        "print(json.dumps({'earned': r.earned, 'messages': [x.message for x in r.results]}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["earned"] == 0.0
+    assert "use torch.tril" in report["messages"][0]
+
+
+# ---------------------------------------------------------------------------
+# Points decided outside the student's process: plan, answers, judgement
+# ---------------------------------------------------------------------------
+
+def _answers(spec, impl, plan, poisoned=()):
+    """What the student's side would answer (here, with ``poisoned`` references raising)."""
+    from course_lib.grading.calls import Call, perform
+    from course_lib.grading.wire import decode, to_plain
+
+    saved = []
+    for ref in poisoned:
+        if isinstance(ref, type):
+            saved.append((ref, "__init__", ref.__dict__.get("__init__")))
+            ref.__init__ = _unavailable
+        elif not ref.__code__.co_freevars:
+            saved.append((ref, "__code__", ref.__code__))
+            ref.__code__ = _unavailable.__code__
+    try:
+        return [[to_plain(perform(spec, impl, Call.from_data(decode(c, kind="call")))) for c in seg]
+                for seg in plan.segments]
+    finally:
+        for obj, attr, value in saved:
+            delattr(obj, attr) if value is None else setattr(obj, attr, value)
+
+
+def _unavailable(*args, **kwargs):
+    raise RuntimeError("a reference of this notebook was used on the student's side")
+
+
+ITEM_ASSIGNMENT = {item: assignment for assignment, item in SOLUTION_ITEMS}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("item", sorted(SPECS))
+def test_judged_answers_give_the_local_grade(namespaces, item):
+    """For the solution and every catalogued mistake, grading from answers produced on
+    the student's side (with every reference of the notebook unavailable there, as in
+    the sandbox) gives exactly the in-process grade, with salted inputs; a spec's calls
+    never depend on the answers."""
+    from course_lib.grading.runner import judge_item, plan_item
+
+    spec = get_spec(item)
+    salt = 424_242
+    notebook_refs = [get_spec(i).reference for a, i in SOLUTION_ITEMS if a == ITEM_ASSIGNMENT[item]]
+    plan = plan_item(spec, hidden=True, salt=salt)
+    impls = [namespaces[ITEM_ASSIGNMENT[item]][item]] + [m.impl for m in spec.mistakes]
+    for k, impl in enumerate(impls):
+        local = grade(spec, impl, hidden=True, salt=salt)
+        judged = judge_item(spec, plan, _answers(spec, impl, plan, poisoned=notebook_refs if k else ()), salt=salt)
+        assert [(r.earned, r.message) for r in judged.results] == [(r.earned, r.message) for r in local.results]
+        if k == 0:
+            assert local.earned == spec.points, [r.message for r in local.results if not r.passed]
+        else:
+            assert local.earned < spec.points and spec.mistakes[k - 1].hint in "\n".join(r.message for r in local.results)
+
+
+def test_every_item_travels_as_data():
+    """Each spec's invoke is data, so the student's side needs no spec code."""
+    from course_lib.grading.calls import Invoke, Subject
+
+    for name, spec in SPECS.items():
+        assert isinstance(spec.invoke, Invoke), name
+        data = Subject.of(spec).as_data()
+        back = Subject.from_data(data)
+        assert back.invoke == spec.invoke and back.reference is spec.reference, name
+
+
+def test_grading_inputs_change_with_the_salt_but_not_the_visible_ones():
+    from course_lib.grading.runner import plan_item
+
+    spec = get_spec("scaled_dot_product_attention")
+    a, b, again = (plan_item(spec, salt=s) for s in (1, 2, 1))
+    assert a.segments == again.segments  # grading twice gives the same inputs
+    assert a.segments[0] == b.segments[0]  # the hand example is the hand example
+    assert a.segments[2] != b.segments[2]  # hidden random inputs depend on the salt
+    notebook = plan_item(spec, salt=0)
+    assert notebook.segments[1] != a.segments[1]  # and differ from what the notebook shows
+
+
+def test_a_function_that_reads_notebook_globals_fails_a_visible_check():
+    """The visible checks of the small-input items include fresh inputs: code that uses
+    the notebook's globals instead of its arguments passes the fixed example, not these."""
+    seq_lengths, n = torch.tensor([2, 4]), 4  # what the notebook's own example cells hold
+
+    def padding_mask(lengths, T):
+        return (torch.arange(n)[None, :] < seq_lengths[:, None])[:, None, :]
+
+    def causal_mask(T, device=None):
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+    for item, impl in (("padding_mask", padding_mask), ("causal_mask", causal_mask)):
+        visible = grade(get_spec(item), impl, hidden=False)
+        assert visible.results[0].earned == 0, item
+        assert "has shape" in visible.results[0].message and "expected" in visible.results[0].message
+
+
+@pytest.mark.parametrize("item, example, hand_case", [
+    ("pe_shift_matrix", lambda: positional.pe_shift_matrix(1, 4), "k = 1, d_model = 4"),
+    ("relative_position_index", lambda: positional.relative_position_index(5, 5, 2), "T_q = 5, T_k = 5,"),
+    ("mha_parameter_count", lambda: multihead.mha_parameter_count(512, 8), "d_model = 512"),
+    ("make_nsp_input", lambda: bert.make_nsp_input([10, 11], [12, 13, 14], 2, 3), "tokens_a = [10, 11]"),
+    ("bpe_encode", lambda: bpe.bpe_encode("unrelated", HAND_MERGES), "word = 'unrelated'"),
+])
+def test_an_answer_fixed_to_the_notebook_example_fails_the_visible_check(item, example, hand_case):
+    """Every small-input item's visible check has a case the notebook never shows: the
+    hand example alone (what a function reading notebook globals computes) is not enough."""
+    answer = example()  # the notebook example's answer, returned whatever the function is asked
+    first = grade(get_spec(item), lambda *args, **kwargs: copy.deepcopy(answer), hidden=False).results[0]
+    assert first.earned == 0, f"{item}: {first.message}"
+    # the hand example is answered right; the report names the fresh case that is not
+    assert first.message.startswith("On ") and hand_case not in first.message, first.message
+
+
+def test_pass_or_fail_only_skips_the_mistake_search():
+    """working_or_reference and the sandbox's verdict only need pass or fail: the same
+    results, without the catalogue search (seconds for a wrong module)."""
+    from course_lib.grading.items.self_attention import CAUSAL_MISTAKES
+
+    spec = get_spec("causal_mask")
+    wrong = CAUSAL_MISTAKES[0].impl
+    named = grade(spec, wrong, hidden=False)
+    plain = grade(spec, wrong, hidden=False, name_mistakes=False)
+    assert [r.earned for r in named.results] == [r.earned for r in plain.results] == [0]
+    assert "Likely cause" in named.results[0].message and "Likely cause" not in plain.results[0].message
+    assert named.results[0].message.split("\n")[0] == plain.results[0].message.split("\n")[0]
+
+
+def test_a_seed_outside_a_running_check_is_an_error():
+    """An input seeded when a spec is built (at import) would be the same for every grading,
+    salt or not: seed() is an error outside a running check, and per-grading inside one."""
+    from course_lib.grading.properties import seed
+    from course_lib.grading.runner import salted
+
+    with pytest.raises(RuntimeError, match="outside a running check"):
+        seed(901)
+    with salted(0):
+        assert seed(901) == 901  # a notebook's own inputs
+    with salted(7):
+        first = seed(901)
+    with salted(31337):
+        assert seed(901) != first

@@ -1,0 +1,117 @@
+"""A student's work is safe: `make lab` works on copies in work/ that course updates
+never overwrite, and a second `make lab` points at the running JupyterLab."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from browser import free_port, wait_for_http
+from course_lib.workspace import MANIFEST, sync
+
+REPO = Path(__file__).resolve().parents[2]
+A = "03_self_attention"
+
+
+@pytest.fixture
+def course(tmp_path) -> Path:
+    notebooks = tmp_path / "notebooks"
+    for a in (A, "04_multi_head_attention"):
+        (notebooks / a).mkdir(parents=True)
+        (notebooks / a / f"{a}.ipynb").write_bytes((REPO / "notebooks" / a / f"{a}.ipynb").read_bytes())
+    return notebooks
+
+
+def test_first_use_copies_every_notebook(course, tmp_path):
+    work = tmp_path / "work"
+    assert sorted(sync(course, work)) == [f"new: {A}/{A}.ipynb",
+                                          "new: 04_multi_head_attention/04_multi_head_attention.ipynb"]
+    assert (work / A / f"{A}.ipynb").read_bytes() == (course / A / f"{A}.ipynb").read_bytes()
+    assert sync(course, work) == []  # nothing new: nothing written
+
+
+def test_a_course_update_is_offered_beside_the_students_work(course, tmp_path):
+    work = tmp_path / "work"
+    sync(course, work)
+    mine = work / A / f"{A}.ipynb"
+    mine.write_text(mine.read_text().replace("# YOUR CODE HERE", "# my answer", 1))
+    edited = mine.read_bytes()
+    update = course / A / f"{A}.ipynb"
+    update.write_text(update.read_text().replace("Self-attention", "Self-attention (revised)", 1))
+    assert sync(course, work) == [f"course update: {A}/{A} (course update 1).ipynb (your {A}/{A}.ipynb is kept as it is)"]
+    assert mine.read_bytes() == edited
+    assert (work / A / f"{A} (course update 1).ipynb").read_bytes() == update.read_bytes()
+    assert sync(course, work) == []  # offered once
+    update.write_text(update.read_text().replace("(revised)", "(revised twice)", 1))
+    assert sync(course, work)[0].startswith(f"course update: {A}/{A} (course update 2).ipynb")
+    assert mine.read_bytes() == edited and len(json.loads((work / MANIFEST).read_text())[f"{A}/{A}.ipynb"]) == 3
+
+
+def test_a_copy_the_student_never_changed_is_simply_refreshed(course, tmp_path):
+    work = tmp_path / "work"
+    sync(course, work)
+    other = work / "04_multi_head_attention" / "04_multi_head_attention.ipynb"
+    other.write_text(other.read_text().replace("# YOUR CODE HERE", "# mine", 1))  # worked on: kept
+    for a in (A, "04_multi_head_attention"):
+        update = course / a / f"{a}.ipynb"
+        update.write_text(update.read_text().replace("attention", "attention (revised)", 1))
+    assert sorted(sync(course, work)) == [
+        "course update: 04_multi_head_attention/04_multi_head_attention (course update 1).ipynb "
+        "(your 04_multi_head_attention/04_multi_head_attention.ipynb is kept as it is)",
+        f"updated: {A}/{A}.ipynb (you had not changed it)"]
+    assert (work / A / f"{A}.ipynb").read_bytes() == (course / A / f"{A}.ipynb").read_bytes()
+    assert not list((work / A).glob("*course update*"))
+    assert "# mine" in other.read_text()
+
+
+def test_an_untouched_copy_of_the_same_version_gets_nothing_beside_it(course, tmp_path):
+    work = tmp_path / "work"
+    sync(course, work)
+    (work / MANIFEST).unlink()  # e.g. a copy made by hand
+    assert sync(course, work) == []
+
+
+def test_a_deleted_copy_comes_back_and_nothing_is_ever_deleted(course, tmp_path):
+    work = tmp_path / "work"
+    sync(course, work)
+    (work / A / f"{A}.ipynb").unlink()
+    (work / A / "my_notes.txt").write_text("keep me")
+    assert sync(course, work) == [f"copied again (yours was gone): {A}/{A}.ipynb"]
+    assert (work / A / "my_notes.txt").read_text() == "keep me"
+
+
+def test_the_repository_ignores_work():
+    ignored = subprocess.run(["git", "check-ignore", "-q", "work/03_self_attention/x.ipynb"], cwd=REPO)
+    assert ignored.returncode == 0
+
+
+def test_a_second_make_lab_points_at_the_running_one(course, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
+                               "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={work}",
+                               "--IdentityProvider.token=tok123", "--allow-root"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/api/status?token=tok123", timeout=90)
+        deadline = time.monotonic() + 30
+        while True:  # the server writes its runtime file just after it answers
+            out = subprocess.run([sys.executable, "-m", "course_lib.workspace", "--notebooks", str(course),
+                                  "--work", str(work), "--port", "1"], capture_output=True, text=True,
+                                 timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+            if "already open" in out.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert out.returncode == 0, out.stderr
+        assert f"JupyterLab is already open on {work}: http://127.0.0.1:{port}/lab?token=tok123" in out.stdout
+        assert f"new: {A}/{A}.ipynb" in out.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
