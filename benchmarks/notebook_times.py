@@ -125,6 +125,13 @@ QUALITY = {
         ("window", r"\nwindow +\d+ +([\d.]+%)"),
         ("window + global", r"\nwindow \+ global +\d+ +([\d.]+%)"),
     ),
+    "10_attention_over_images": (
+        ("captions exactly right", r"unseen scenes: captions exactly right ([\d.]+%)"),
+        ("pointing", r"pointing accuracy of the captioner: +([\d.]+%)"),
+        ("ViT", r"\nViT with positions +[\d,]+ +([\d.]+%)"),
+        ("without positions", r"\nViT without positions +[\d,]+ +([\d.]+%)"),
+        ("CNN", r"\nCNN \(same size\) +[\d,]+ +([\d.]+%)"),
+    ),
 }
 
 
