@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .bert import BertEncoder, BertForPreTraining, SequenceClassifier, make_nsp_input, mask_tokens
+from .bert import BertEncoder, BertForPreTraining, SequenceClassifier, mask_tokens
 from .tokenizer import SubwordTokenizer
 from .training import TrainHistory, train
 
@@ -109,13 +109,13 @@ class PretrainingData:
     def collate(self, pairs: Sequence[tuple[list[int], list[int], int]], generator: torch.Generator | None = None,
                 mask: bool = True) -> dict[str, Tensor]:
         tok = self.tokenizer
-        rows = [make_nsp_input(*self._truncate(a, b), tok.cls_id, tok.sep_id) for a, b, _ in pairs]
-        T = max(len(ids) for ids, _ in rows)
-        input_ids = torch.full((len(rows), T), tok.pad_id, dtype=torch.long)
-        segment_ids = torch.zeros((len(rows), T), dtype=torch.long)
-        for i, (ids, seg) in enumerate(rows):
-            input_ids[i, : len(ids)] = ids
-            segment_ids[i, : len(seg)] = seg
+        cut = [self._truncate(a, b) for a, b, _ in pairs]
+        T = max(len(a) + len(b) + 3 for a, b in cut)
+        # the rows of make_nsp_input, padded, built as lists: one tensor per batch, not five per pair
+        input_ids = torch.tensor([[tok.cls_id, *a, tok.sep_id, *b, tok.sep_id] + [tok.pad_id] * (T - len(a) - len(b) - 3)
+                                  for a, b in cut], dtype=torch.long)
+        segment_ids = torch.tensor([[0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (T - len(a) - len(b) - 3)
+                                    for a, b in cut], dtype=torch.long)
         batch = {"input_ids": input_ids, "segment_ids": segment_ids, "attention_mask": input_ids != tok.pad_id,
                  "nsp_labels": torch.tensor([label for _, _, label in pairs], dtype=torch.long)}
         if mask:
@@ -184,10 +184,8 @@ def unigram_baseline(train_data: PretrainingData, test_data: PretrainingData, n_
                      seed: int = 1) -> tuple[float, str]:
     """Accuracy on the same masked positions as :func:`mlm_accuracy` of always guessing
     the most frequent non-special token of the training text; returns (accuracy, token)."""
-    counts = torch.zeros(len(train_data.tokenizer), dtype=torch.long)
-    for doc in train_data.documents:
-        for sentence in doc:
-            counts += torch.bincount(torch.tensor(sentence, dtype=torch.long), minlength=len(counts))
+    tokens = [t for doc in train_data.documents for sentence in doc for t in sentence]
+    counts = torch.bincount(torch.tensor(tokens, dtype=torch.long), minlength=len(train_data.tokenizer))
     counts[train_data.tokenizer.special_ids] = 0
     guess = int(counts.argmax())
     right = total = 0

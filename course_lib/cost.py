@@ -96,7 +96,7 @@ def compare_attention(
                 r = results[name]
                 if r["seconds"] and r["seconds"][-1] > max_seconds:
                     continue  # too slow already: the next length would only be slower
-                attend(q, k, v)  # warm-up
+                r["largest_bytes"].append(largest_tensor_bytes(lambda: attend(q, k, v)))  # also the warm-up
                 best, spent, runs = float("inf"), 0.0, 0
                 while runs < 2 or (spent < 0.1 and runs < 20):
                     runs += 1
@@ -108,7 +108,6 @@ def compare_attention(
                     best, spent = min(best, elapsed), spent + elapsed
                 r["T"].append(int(T))
                 r["seconds"].append(best)
-                r["largest_bytes"].append(largest_tensor_bytes(lambda: attend(q, k, v)))
     return results
 
 

@@ -73,52 +73,76 @@ def length_penalty(length: int, alpha: float) -> float:
 def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, bos_id: int, eos_id: int,
                 max_len: int, beam_size: int = 4, alpha: float = 0.6,
                 num_threads: int | str | None = "auto") -> list[list[int]]:
-    """Beam search, one source sentence at a time.
+    """Beam search, every source sentence of the batch at once.
 
-    Keeps the ``beam_size`` best partial translations by summed log-probability; a
-    hypothesis that emits ``eos_id`` is finished and scored by
+    Keeps, for each sentence, the ``beam_size`` best partial translations by summed
+    log-probability; a hypothesis that emits ``eos_id`` is finished and scored by
     ``log p(Y) / length_penalty(|Y|, alpha)`` (``|Y|`` counts the tokens after ``<bos>``,
-    ``<eos>`` included). Returns, for each sentence, the best finished hypothesis as a
-    list of ids starting with ``bos_id`` (ending with ``eos_id`` unless ``max_len`` cut it).
-    Runs on ``num_threads`` CPU threads (:func:`~course_lib.device.torch_threads`; ``"auto"``:
+    ``<eos>`` included). A sentence stops when no open hypothesis can beat its best
+    finished one. Returns, for each sentence, the best finished hypothesis as a list of ids
+    starting with ``bos_id`` (ending with ``eos_id`` unless ``max_len`` cut it). Runs on
+    ``num_threads`` CPU threads (:func:`~course_lib.device.torch_threads`; ``"auto"``:
     one for a small model).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     with torch.no_grad(), torch_threads(num_threads, model):
-        return [_beam_one(model, src[b:b + 1], None if src_mask is None else src_mask[b:b + 1],
-                          bos_id, eos_id, max_len, beam_size, alpha) for b in range(src.size(0))]
+        return _beam(model, src, src_mask, bos_id, eos_id, max_len, beam_size, alpha)
 
 
-def _beam_one(model: nn.Module, s: Tensor, m: Tensor | None, bos_id: int, eos_id: int, max_len: int,
-              beam_size: int, alpha: float) -> list[int]:
-    """Beam search for one sentence ``s (1, S)``."""
-    memory = model.encode(s, m)
-    beams = [([bos_id], 0.0)]
-    finished: list[tuple[list[int], float]] = []
-    while beams and len(beams[0][0]) < max_len:
-        ys = torch.tensor([seq for seq, _ in beams], dtype=torch.long, device=s.device)
-        logp = torch.log_softmax(model.decode(ys, memory.expand(len(beams), -1, -1),
-                                              None if m is None else m.expand(len(beams), -1, -1))[:, -1], -1)
-        total = torch.tensor([score for _, score in beams], device=s.device, dtype=logp.dtype)[:, None] + logp
-        top = total.flatten().topk(min(beam_size, total.numel()))
-        candidates = []
+def _beam(model: nn.Module, src: Tensor, src_mask: Tensor | None, bos_id: int, eos_id: int, max_len: int,
+          k: int, alpha: float) -> list[list[int]]:
+    """Beam search for a batch ``src (B, S)``: the ``k`` open hypotheses of every sentence are
+    decoded together, one ``(B·k, t)`` batch per step. Slot ``j`` of a sentence holds its
+    ``j``-th best open hypothesis; a sentence with fewer than ``k`` open ones has empty
+    slots scored ``-inf``, which no candidate can come from."""
+    B, device = src.size(0), src.device
+    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B·k, S, D)
+    mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
+    seqs = torch.full((B, k, 1), bos_id, dtype=torch.long, device=device)  # (B, k, t)
+    scores = torch.full((B, k), float("-inf"), device=device, dtype=memory.dtype)
+    scores[:, 0] = 0.0  # one open hypothesis to start with: <bos>
+    finished: list[list[tuple[list[int], float]]] = [[] for _ in range(B)]
+    open_ = [True] * B
+    while seqs.size(-1) < max_len and any(open_):
+        logits = model.decode(seqs.flatten(0, 1), memory, mask)[:, -1]  # (B·k, V)
+        logp = torch.log_softmax(logits, -1).view(B, k, -1)
         V = logp.size(-1)
-        for score, index in zip(top.values.tolist(), top.indices.tolist()):
-            seq = beams[index // V][0] + [index % V]
-            if index % V == eos_id:
-                finished.append((seq, score / length_penalty(len(seq) - 1, alpha)))
-            else:
-                candidates.append((seq, score))
-        beams = candidates
-        if finished and beams:
-            best_done = max(f for _, f in finished)
-            # an open beam can only lose probability; stop when none can win any more
-            if all(score / length_penalty(max_len - 1, alpha) < best_done for _, score in beams):
-                break
-    if not finished:
-        finished = [(seq, score / length_penalty(len(seq) - 1, alpha)) for seq, score in beams]
-    return max(finished, key=lambda f: f[1])[0]
+        top = (scores[..., None] + logp).flatten(1).topk(min(k, k * V))  # (B, k): the best continuations
+        parents, tokens = (top.indices // V).tolist(), (top.indices % V).tolist()
+        new_parent = torch.zeros(B, k, dtype=torch.long)
+        new_token = torch.full((B, k), bos_id, dtype=torch.long)
+        new_score = torch.full((B, k), float("-inf"), dtype=logp.dtype)
+        for b in range(B):
+            if not open_[b]:
+                continue
+            kept = 0
+            for score, parent, token in zip(top.values[b].tolist(), parents[b], tokens[b]):
+                if score == float("-inf"):
+                    break  # fewer candidates than slots
+                if token == eos_id:
+                    seq = seqs[b, parent].tolist() + [eos_id]
+                    finished[b].append((seq, score / length_penalty(len(seq) - 1, alpha)))
+                else:
+                    new_parent[b, kept], new_token[b, kept], new_score[b, kept] = parent, token, score
+                    kept += 1
+            if kept == 0:
+                open_[b] = False
+            elif finished[b]:
+                best_done = max(f for _, f in finished[b])
+                # an open hypothesis can only lose probability; stop when none can win any more
+                if all(s / length_penalty(max_len - 1, alpha) < best_done for s in new_score[b, :kept].tolist()):
+                    open_[b] = False
+        rows = torch.arange(B, device=device)[:, None]
+        seqs = torch.cat([seqs[rows, new_parent.to(device)], new_token.to(device)[..., None]], dim=-1)
+        scores = new_score.to(device)
+    out = []
+    for b in range(B):
+        if not finished[b]:  # max_len reached first: the open hypotheses compete
+            finished[b] = [(seqs[b, j].tolist(), float(scores[b, j]) / length_penalty(seqs.size(-1) - 1, alpha))
+                           for j in range(k) if scores[b, j] > float("-inf")]
+        out.append(max(finished[b], key=lambda f: f[1])[0])
+    return out
 
 
 @contextlib.contextmanager

@@ -108,7 +108,15 @@ def threads_for(model: nn.Module) -> int | None:
     A small model runs a long chain of tiny matrix products: splitting each over threads
     costs more than it saves, and on a busy machine waiting threads make it many times
     slower. :func:`course_lib.training.train` and the evaluation helpers use this rule.
+
+    The environment variable ``WORKBOOK_THREADS=N`` overrides the rule for every model
+    (e.g. to measure a notebook on N threads: ``benchmarks/notebook_times.py --threads N``).
     """
+    pinned = os.environ.get("WORKBOOK_THREADS", "")
+    if pinned:
+        if not pinned.isdigit() or int(pinned) < 1:
+            raise ValueError(f"WORKBOOK_THREADS must be a whole number >= 1, got {pinned!r}")
+        return int(pinned)
     first = next(model.parameters(), None)
     if first is None or first.device.type != "cpu":
         return None

@@ -88,8 +88,8 @@ def shift_accuracy(model: nn.Module, T: int, batch_size: int = 64, seed: int = 1
     return float((predictions[scored] == targets[scored]).float().mean())
 
 
-def train_long_context(attention: str, long_T: int = 1024, short_T: int = 64, short_steps: int = 250,
-                       long_steps: int = 20, batch_size: int = 32, window: int = 16, lr: float = 3e-3,
+def train_long_context(attention: str, long_T: int = 1024, short_T: int = 64, short_steps: int = 150,
+                       long_steps: int = 10, batch_size: int = 32, window: int = 16, lr: float = 5e-3,
                        seed: int = 0, progress: bool = True) -> LongContextRun:
     """Train a :class:`LongContextModel` on :func:`shift_by_first_batch` in two stages, as
     long-context models are trained: ``short_steps`` on ``short_T`` tokens (batch

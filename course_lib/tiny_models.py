@@ -24,7 +24,7 @@ from .multihead import MultiHeadAttention, attention_output
 from .positional import (
     LearnedPositionalEmbedding, RelativeSelfAttention, RotarySelfAttention, SinusoidalPositionalEncoding,
 )
-from .training import TrainHistory, cosine_schedule, train
+from .training import TrainHistory, cosine_schedule, default_optimizer, train
 
 __all__ = ["POSITIONS", "TinyTransformer", "fit", "accuracy"]
 
@@ -167,7 +167,7 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
         raise ValueError(f"steps must be >= 0, got {steps}")
     device = next(model.parameters()).device
     task_loss = loss_fn or (lambda logits, y: F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)))
-    task_losses: list[float] = []
+    task_losses: list[Tensor] = []
 
     def step_loss(model: nn.Module, batch: tuple[Tensor, ...]) -> Tensor:
         *inputs, y = (t.to(device) for t in batch)
@@ -175,13 +175,13 @@ def fit(model: nn.Module, make_batch: Callable[[], tuple[Tensor, ...]], steps: i
             return task_loss(model(*inputs), y)
         logits, weights = model(*inputs, need_weights=True)
         loss = task_loss(logits, y)
-        task_losses.append(loss.item())
+        task_losses.append(loss.detach())
         return loss + attention_penalty(weights)
 
     history = train(model, next_batch=lambda step: make_batch(), loss_fn=step_loss, steps=steps,
-                    optimizer=torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay),
+                    optimizer=default_optimizer(model, lr, torch.optim.AdamW, weight_decay=weight_decay),
                     schedule=cosine_schedule(steps), progress=progress, desc=desc,
                     num_threads=num_threads)
     if attention_penalty is not None:
-        history.evals["task loss"] = list(enumerate(task_losses, start=1))
+        history.evals["task loss"] = list(enumerate(torch.stack(task_losses).tolist(), start=1)) if task_losses else []
     return history

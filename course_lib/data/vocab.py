@@ -92,10 +92,7 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int = 0, length: int | 
     T = longest if length is None else length
     if T < longest:
         raise ValueError(f"length={length} is shorter than the longest sequence ({longest})")
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            ids[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+    ids = torch.tensor([[int(t) for t in s] + [pad_id] * (T - len(s)) for s in seqs], dtype=torch.long)
     lengths = torch.tensor([len(s) for s in seqs])
     mask = torch.arange(T)[None, :] < lengths[:, None]
     return ids.to(device), mask.to(device)

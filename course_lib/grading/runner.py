@@ -29,7 +29,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..device import get_device
+from ..device import get_device, torch_threads
 from .calls import (INVOKE, Call, Probe, ReferenceUsed, student_frame, is_reference, perform, qualified, quiet,
                     unwatched)
 from .spec import CheckFailed, ItemSpec, SubCheck
@@ -462,11 +462,16 @@ def check(item: str, impl: Any, hidden: bool = False, device: torch.device | str
     The visible part of a test cell calls ``check(name, fn)``; its hidden part calls
     ``check(name, fn, hidden=True)``, which runs every sub-check and returns the score
     that nbgrader records for the cell.
+
+    The checks run on one CPU thread (as the autograder gives each notebook): their cases
+    are small, and the threads of a multi-threaded run of small operations mostly wait
+    for each other, many times longer when other programs keep the cores busy.
     """
     from .registry import get_spec
 
     spec = get_spec(item)
-    result = grade(spec, impl, hidden=hidden, device=device)
+    with torch_threads(1):
+        result = grade(spec, impl, hidden=hidden, device=device)
     print(format_report(result), flush=True)
     return Score(result.score, result)
 
@@ -481,7 +486,8 @@ def working_or_reference(item: str, impl: Any) -> Any:
 
     spec = get_spec(item)
     try:
-        result = grade(spec, impl, hidden=False, name_mistakes=False)  # pass or fail is all it needs
+        with torch_threads(1):  # small cases, as in check
+            result = grade(spec, impl, hidden=False, name_mistakes=False)  # pass or fail is all it needs
         ok = not result.reference_used and all(r.passed for r in result.results)
     except Exception:
         ok = False

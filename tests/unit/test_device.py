@@ -53,3 +53,21 @@ def test_full_or_quick(monkeypatch):
     assert full_or_quick([256, 512], [128]) == [256, 512]
     monkeypatch.setenv("WORKBOOK_GRADING", "1")
     assert full_or_quick([256, 512], [128]) == [128]
+
+
+def test_workbook_threads_pins_every_model(monkeypatch):
+    from torch import nn
+
+    from course_lib.device import SMALL_MODEL_PARAMETERS, threads_for, torch_threads
+
+    monkeypatch.delenv("WORKBOOK_THREADS", raising=False)
+    big = nn.Embedding(SMALL_MODEL_PARAMETERS // 8, 8)
+    assert threads_for(nn.Linear(4, 4)) == 1 and threads_for(big) is None
+    monkeypatch.setenv("WORKBOOK_THREADS", "3")
+    assert threads_for(nn.Linear(4, 4)) == 3 and threads_for(big) == 3
+    with torch_threads("auto", nn.Linear(4, 4)):
+        assert torch.get_num_threads() == 3
+    for wrong in ("0", "two", "-1"):
+        monkeypatch.setenv("WORKBOOK_THREADS", wrong)
+        with pytest.raises(ValueError, match="WORKBOOK_THREADS"):
+            threads_for(nn.Linear(4, 4))

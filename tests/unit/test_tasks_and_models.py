@@ -117,3 +117,16 @@ def test_fit_with_an_attention_penalty_records_the_task_loss_apart():
     assert [step for step, _ in history.evals["task loss"]] == [1, 2, 3, 4, 5]
     assert all(total > loss for total, loss in zip(history.losses, task))  # the penalty is positive
     assert cosine_schedule(10)(0) == 1.0 and abs(cosine_schedule(10)(10)) < 1e-12
+
+
+def test_cosine_schedule_with_a_warm_up():
+    import math
+
+    from course_lib.training import cosine_schedule
+
+    f = cosine_schedule(100, warmup=10)
+    assert f(0) == pytest.approx(0.1) and f(4) == pytest.approx(0.5 * 0.5 * (1 + math.cos(math.pi * 0.04)))
+    assert f(9) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.09)))  # warmed up: the cosine alone
+    assert abs(f(100)) < 1e-12 and max(f(s) for s in range(101)) <= 1.0
+    with pytest.raises(ValueError, match="warmup"):
+        cosine_schedule(10, warmup=-1)

@@ -215,6 +215,25 @@ def test_beam_of_one_is_greedy_and_wider_beams_score_no_worse(device):
                 assert score(wide[b], b, alpha) >= score(narrow[b], b, alpha) - 1e-6
 
 
+def test_beam_search_of_a_batch_searches_each_sentence_as_if_alone():
+    # the sentences of a batch are searched together; slots of finished or missing hypotheses
+    # must not change any sentence's result (float64: no rounding differences between batch sizes)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = Transformer(15, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32,
+                            dropout=0.0).double().eval()
+        with torch.no_grad():
+            model.out_bias[2] = 0.5 * seed  # from rarely to often finished early
+        src = torch.randint(3, 15, (12, 7))
+        mask = (torch.arange(7)[None] < torch.randint(2, 8, (12,))[:, None])[:, None, :]
+        for beam_size, alpha, max_len in ((4, 0.6, 12), (3, 0.0, 6)):
+            together = beam_search(model, src, mask, 1, 2, max_len, beam_size=beam_size, alpha=alpha)
+            alone = [beam_search(model, src[b:b + 1], mask[b:b + 1], 1, 2, max_len, beam_size=beam_size,
+                                 alpha=alpha)[0] for b in range(12)]
+            assert together == alone
+            assert all(seq[0] == 1 and len(seq) <= max_len for seq in together)
+
+
 def test_capture_attention_collects_every_layer():
     model = Transformer(20, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=3, d_ff=32, dropout=0.0)
     src, tgt = torch.randint(4, 20, (2, 7)), torch.randint(4, 20, (2, 5))
