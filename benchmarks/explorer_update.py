@@ -29,7 +29,7 @@ from course_lib.widgets import ALL_HEADS, AttentionExplorer, ModelSource, descri
 def explorer(T: int) -> AttentionExplorer:
     """The explorer on a seeded one-layer model and ``T`` random tokens."""
     torch.manual_seed(0)
-    model = TinyTransformer(10, 100, d_model=32, num_heads=4, n_layer=1, max_len=T, causal=True).eval()
+    model = TinyTransformer(10, 100, d_model=32, num_heads=4, num_layers=1, max_len=T, causal=True).eval()
     tokens = torch.randint(0, 10, (1, T))
     source = ModelSource(model, lambda m, mask: m(tokens, attn_mask=mask),
                          lambda out: describe_tokens([str(p) for p in out[0].argmax(-1).tolist()]))

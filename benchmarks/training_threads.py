@@ -60,7 +60,7 @@ def _offset_digits() -> Case:  # notebook 04
     from course_lib.tiny_models import TinyTransformer
 
     g = torch.Generator().manual_seed(1)
-    model = TinyTransformer(vocab_size=10, n_classes=100, d_model=32, num_heads=4, n_layer=1, positions="learned",
+    model = TinyTransformer(vocab_size=10, n_classes=100, d_model=32, num_heads=4, num_layers=1, positions="learned",
                             max_len=16, causal=True)
     return model, lambda: offset_digits_batch(64, 16, generator=g), _classify
 
@@ -87,7 +87,7 @@ def _bert() -> Case:  # notebook 07
     docs, topics = story_corpus(3000, seed=0)
     tokenizer = SubwordTokenizer.train([s for doc in docs for s in doc], num_merges=1000)
     data = PretrainingData.from_text(tokenizer, docs, max_len=48, topics=topics)
-    model = BertForPreTraining(len(tokenizer), d_model=64, num_heads=4, d_ff=128, n_layer=2, max_len=48,
+    model = BertForPreTraining(len(tokenizer), d_model=64, num_heads=4, d_ff=128, num_layers=2, max_len=48,
                                norm_first=True)
     rng, g = random.Random(0), torch.Generator().manual_seed(0)
     return model, lambda: data.batch(64, rng, g), pretraining_loss
@@ -97,7 +97,7 @@ def _icl() -> Case:  # notebook 08
     from course_lib.icl import GaussianClassTasks, ICLTransformer, icl_loss
 
     tasks, g = GaussianClassTasks(n_classes=4, dim=16), torch.Generator().manual_seed(1)
-    model = ICLTransformer(tasks.token_dim, n_classes=4, d_model=64, n_layer=2, num_heads=4)
+    model = ICLTransformer(tasks.token_dim, n_classes=4, d_model=64, num_layers=2, num_heads=4)
     return model, lambda: tasks(256, int(torch.randint(0, 17, (1,), generator=g)), g), icl_loss
 
 
@@ -105,7 +105,7 @@ def _induction() -> Case:  # notebook 08
     from course_lib.induction import AttentionOnlyTransformer, next_token_loss, repeated_random_tokens
 
     g = torch.Generator().manual_seed(3)
-    model = AttentionOnlyTransformer(32, 32, d_model=64, n_layer=2, num_heads=4)
+    model = AttentionOnlyTransformer(32, 32, d_model=64, num_layers=2, num_heads=4)
     return model, lambda: repeated_random_tokens(64, 16, 32, g, min_length=4), next_token_loss
 
 
@@ -129,7 +129,7 @@ def _gpt(d_model: int) -> Callable[[], Case]:
         from course_lib.gpt import GPT
 
         g = torch.Generator().manual_seed(0)
-        model = GPT(vocab_size=256, block_size=64, d_model=d_model, n_layer=4, num_heads=4)
+        model = GPT(vocab_size=256, block_size=64, d_model=d_model, num_layers=4, num_heads=4)
         return model, lambda: torch.randint(0, 256, (32, 65), generator=g), _next_token
     return build
 

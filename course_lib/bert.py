@@ -139,19 +139,19 @@ def _encoder_layer(d_model: int, num_heads: int, d_ff: int, dropout: float, norm
 
 
 class BertEncoder(nn.Module):
-    """Embeddings followed by ``n_layer`` encoder layers (post-LN like BERT by default).
+    """Embeddings followed by ``num_layers`` encoder layers (post-LN like BERT by default).
 
     forward(input_ids (B, T), segment_ids (B, T), attention_mask=None (B, T) bool, True
     for real tokens) -> hidden (B, T, D); with ``all_layers=True`` a list of
-    ``n_layer + 1`` tensors (the embeddings, then each layer's output).
+    ``num_layers + 1`` tensors (the embeddings, then each layer's output).
     """
 
     def __init__(self, vocab_size: int, d_model: int = 64, num_heads: int = 4, d_ff: int = 128,
-                 n_layer: int = 2, max_len: int = 64, dropout: float = 0.0, norm_first: bool = False) -> None:
+                 num_layers: int = 2, max_len: int = 64, dropout: float = 0.0, norm_first: bool = False) -> None:
         super().__init__()
         self.embeddings = BertEmbeddings(vocab_size, d_model, max_len, dropout=dropout)
         self.layers = nn.ModuleList(_encoder_layer(d_model, num_heads, d_ff, dropout, norm_first)
-                                    for _ in range(n_layer))
+                                    for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.d_model = d_model
         init_bert_weights(self)
@@ -211,9 +211,9 @@ class BertForPreTraining(nn.Module):
     """
 
     def __init__(self, vocab_size: int, d_model: int = 64, num_heads: int = 4, d_ff: int = 128,
-                 n_layer: int = 2, max_len: int = 64, dropout: float = 0.0, norm_first: bool = False) -> None:
+                 num_layers: int = 2, max_len: int = 64, dropout: float = 0.0, norm_first: bool = False) -> None:
         super().__init__()
-        self.encoder = BertEncoder(vocab_size, d_model, num_heads, d_ff, n_layer, max_len, dropout, norm_first)
+        self.encoder = BertEncoder(vocab_size, d_model, num_heads, d_ff, num_layers, max_len, dropout, norm_first)
         self.mlm = MLMHead(self.encoder.embeddings.token)
         self.nsp = NSPHead(d_model)
         init_bert_weights(self.mlm.transform)

@@ -1,4 +1,5 @@
-"""Measure the time and memory of attention as the sequence grows."""
+"""Measure the time and memory of attention as the sequence grows, and of generation with
+and without a key/value cache as the output grows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch import Tensor
 from .attention import scaled_dot_product_attention
 from .device import torch_threads
 
-__all__ = ["attention_cost", "compare_attention", "loglog_slope", "largest_tensor_bytes"]
+__all__ = ["attention_cost", "compare_attention", "compare_generation", "loglog_slope", "largest_tensor_bytes"]
 
 
 def _sync(device: torch.device) -> None:
@@ -109,6 +110,38 @@ def compare_attention(
                 r["T"].append(int(T))
                 r["seconds"].append(best)
     return results
+
+
+def compare_generation(
+    methods: dict[str, Callable],
+    model: torch.nn.Module,
+    prompt: Tensor,
+    new_tokens: Sequence[int],
+    num_threads: int | str | None = "auto",
+    progress: bool = True,
+) -> dict[str, list]:
+    """Time several generation functions ``f(model, prompt, n, generator=...) -> (B, T0 + n)``
+    for each count of new tokens, and check that they write the same tokens.
+
+    Every method gets the same seeded generator for a given ``n`` (so sampling draws the
+    same numbers), and runs on ``num_threads`` CPU threads (``"auto"``: one for a small
+    model, :func:`course_lib.device.threads_for`). Returns ``{"new_tokens": [...],
+    "seconds": {name: [...]}, "same": [...]}``, where ``same[i]`` says whether every method
+    wrote exactly the first method's tokens for ``new_tokens[i]``.
+    """
+    from tqdm.auto import tqdm
+
+    result: dict = {"new_tokens": [], "seconds": {name: [] for name in methods}, "same": []}
+    with torch_threads(num_threads, model):
+        for n in tqdm(list(new_tokens), desc="generation lengths", disable=not progress):
+            outputs = []
+            for name, generate_fn in methods.items():
+                start = time.perf_counter()
+                outputs.append(generate_fn(model, prompt, n, generator=torch.Generator().manual_seed(n)))
+                result["seconds"][name].append(time.perf_counter() - start)
+            result["new_tokens"].append(int(n))
+            result["same"].append(all(torch.equal(outputs[0], out) for out in outputs[1:]))
+    return result
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float], last: int = 3) -> float:

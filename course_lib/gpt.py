@@ -20,7 +20,9 @@ from .multihead import MultiHeadAttention
 
 __all__ = ["cached_causal_mask", "GPTBlock", "GPT", "gpt_parameter_count", "GPT2_XL", "GPT3"]
 
-# Hyper-parameters of the two published models (Radford et al. 2019; Brown et al. 2020).
+# Hyper-parameters of the two published models (Radford et al. 2019; Brown et al. 2020), under
+# GPT-2's own names, which gpt_parameter_count's arguments keep (the course's graded contract);
+# the models of course_lib say num_layers beside num_heads.
 GPT2_XL = dict(n_layer=48, num_heads=25, d_model=1600, vocab_size=50257, n_ctx=1024)
 GPT3 = dict(n_layer=96, num_heads=96, d_model=12288, vocab_size=50257, n_ctx=2048)
 
@@ -74,7 +76,7 @@ class GPTBlock(nn.Module):
 class GPT(nn.Module):
     """A GPT language model over ``vocab_size`` tokens with a context of ``block_size``.
 
-    ``tok_emb (V, d)``, ``pos_emb (block_size, d)``, ``n_layer`` :class:`GPTBlock` s with
+    ``tok_emb (V, d)``, ``pos_emb (block_size, d)``, ``num_layers`` :class:`GPTBlock` s with
     ``d_ff = 4 d``, a final ``ln_f`` and ``head = nn.Linear(d, V, bias=False)`` whose weight
     is ``tok_emb.weight`` (tied). ``forward(idx (B, T)) -> logits (B, T, V)`` for
     ``T ≤ block_size``; ``need_weights=True`` also returns the attention weights of every
@@ -85,17 +87,17 @@ class GPT(nn.Module):
     the cached ones: positions start at ``len(caches[0])``, and the caches grow by ``T``.
     """
 
-    def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, n_layer: int = 2,
+    def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, num_layers: int = 2,
                  num_heads: int = 4, d_ff: int | None = None, dropout: float = 0.0) -> None:
         super().__init__()
-        if vocab_size < 1 or block_size < 1 or n_layer < 0:
-            raise ValueError(f"need vocab_size ≥ 1, block_size ≥ 1, n_layer ≥ 0; got {vocab_size}, {block_size}, {n_layer}")
+        if vocab_size < 1 or block_size < 1 or num_layers < 0:
+            raise ValueError(f"need vocab_size ≥ 1, block_size ≥ 1, num_layers ≥ 0; got {vocab_size}, {block_size}, {num_layers}")
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(block_size, d_model)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(GPTBlock(d_model, num_heads, d_ff or 4 * d_model, dropout) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(GPTBlock(d_model, num_heads, d_ff or 4 * d_model, dropout) for _ in range(num_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied embeddings

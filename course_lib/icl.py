@@ -65,15 +65,15 @@ class ICLTransformer(nn.Module):
     """A small causal transformer over continuous tokens (no position embedding: the
     demonstrations are a set and the query is flagged).
 
-    ``embed = nn.Linear(token_dim, d_model)``, ``n_layer`` :class:`GPTBlock` s, ``ln_f`` and
+    ``embed = nn.Linear(token_dim, d_model)``, ``num_layers`` :class:`GPTBlock` s, ``ln_f`` and
     ``head = nn.Linear(d_model, n_classes)``. ``forward(prompts (B, T, token_dim)) -> (B, T, n_classes)``.
     """
 
-    def __init__(self, token_dim: int, n_classes: int, d_model: int = 64, n_layer: int = 2,
+    def __init__(self, token_dim: int, n_classes: int, d_model: int = 64, num_layers: int = 2,
                  num_heads: int = 4, dropout: float = 0.0) -> None:
         super().__init__()
         self.embed = nn.Linear(token_dim, d_model)
-        self.blocks = nn.ModuleList(GPTBlock(d_model, num_heads, 4 * d_model, dropout) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(GPTBlock(d_model, num_heads, 4 * d_model, dropout) for _ in range(num_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_classes)
 

@@ -47,19 +47,19 @@ def repeated_random_tokens(batch_size: int, length: int, vocab_size: int,
 
 
 class AttentionOnlyTransformer(nn.Module):
-    """Token + learned position embedding, ``n_layer`` causal :class:`MultiHeadAttention`
+    """Token + learned position embedding, ``num_layers`` causal :class:`MultiHeadAttention`
     layers with residual connections (no MLP, no LayerNorm), and an unembedding.
 
     ``forward(idx (B, T)) -> logits (B, T, V)``; ``need_weights=True`` also returns a list
     of ``(B, H, T, T)`` attention weights, one per layer.
     """
 
-    def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, n_layer: int = 2, num_heads: int = 4) -> None:
+    def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, num_layers: int = 2, num_heads: int = 4) -> None:
         super().__init__()
         self.block_size = block_size
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(block_size, d_model)
-        self.layers = nn.ModuleList(MultiHeadAttention(d_model, num_heads) for _ in range(n_layer))
+        self.layers = nn.ModuleList(MultiHeadAttention(d_model, num_heads) for _ in range(num_layers))
         self.unembed = nn.Linear(d_model, vocab_size)
 
     def forward(self, idx: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:

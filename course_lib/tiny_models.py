@@ -1,6 +1,6 @@
 """A small attention model for experiments, with a choice of attention and positions.
 
-``TinyTransformer`` = token embedding (+ absolute positions) → ``n_layer`` blocks of
+``TinyTransformer`` = token embedding (+ absolute positions) → ``num_layers`` blocks of
 (pre-LayerNorm attention + residual, pre-LayerNorm MLP + residual) → a linear read-out,
 per position or pooled over the sequence. The attention is course_lib's
 ``MultiHeadAttention`` (or any class with its interface), ``RelativeSelfAttention`` or
@@ -74,7 +74,7 @@ class TinyTransformer(nn.Module):
     """
 
     def __init__(self, vocab_size: int, n_classes: int, d_model: int = 64, num_heads: int = 4,
-                 n_layer: int = 1, d_ff: int | None = None, positions: str = "learned", max_len: int = 64,
+                 num_layers: int = 1, d_ff: int | None = None, positions: str = "learned", max_len: int = 64,
                  max_distance: int = 4, pool: str | None = None, causal: bool = False,
                  attention: type[nn.Module] = MultiHeadAttention,
                  relative: type[nn.Module] = RelativeSelfAttention) -> None:
@@ -97,7 +97,7 @@ class TinyTransformer(nn.Module):
                 return RotarySelfAttention(d_model)
             return attention(d_model, num_heads)
 
-        self.layers = nn.ModuleList(_Block(make_attention(), d_model, d_ff or 4 * d_model) for _ in range(n_layer))
+        self.layers = nn.ModuleList(_Block(make_attention(), d_model, d_ff or 4 * d_model) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_classes)
 

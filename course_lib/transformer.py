@@ -162,15 +162,15 @@ class DecoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """``n_layer`` :class:`EncoderLayer` blocks in ``layers``, then a final
+    """``num_layers`` :class:`EncoderLayer` blocks in ``layers``, then a final
     :class:`LayerNorm` ``norm`` when ``final_norm`` (default: pre-LN stacks only, whose
     output is otherwise unnormalised). ``forward(x (B, S, D), mask) -> (B, S, D)``."""
 
-    def __init__(self, n_layer: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0,
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0,
                  norm_first: bool = False, final_norm: bool | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first)
-                                    for _ in range(n_layer))
+                                    for _ in range(num_layers))
         self.norm = LayerNorm(d_model) if (norm_first if final_norm is None else final_norm) else None
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -180,14 +180,14 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """``n_layer`` :class:`DecoderLayer` blocks, then an optional final LayerNorm
+    """``num_layers`` :class:`DecoderLayer` blocks, then an optional final LayerNorm
     (as in :class:`Encoder`). ``forward(x (B, T, D), memory (B, S, D), tgt_mask, memory_mask)``."""
 
-    def __init__(self, n_layer: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0,
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0,
                  norm_first: bool = False, final_norm: bool | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first)
-                                    for _ in range(n_layer))
+                                    for _ in range(num_layers))
         self.norm = LayerNorm(d_model) if (norm_first if final_norm is None else final_norm) else None
 
     def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,

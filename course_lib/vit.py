@@ -56,7 +56,7 @@ class VisionTransformer(nn.Module):
     encoder then sees the patches as a set."""
 
     def __init__(self, patch_embedding: type, image_size: int = 32, patch_size: int = 8, in_channels: int = 3,
-                 d_model: int = 32, n_layer: int = 2, num_heads: int = 4, d_ff: int = 64, n_classes: int = 4,
+                 d_model: int = 32, num_layers: int = 2, num_heads: int = 4, d_ff: int = 64, n_classes: int = 4,
                  positions: bool = True, pixel_mean: float = 0.0, pixel_std: float = 1.0,
                  position_std: float = 1.0) -> None:
         super().__init__()
@@ -69,7 +69,7 @@ class VisionTransformer(nn.Module):
             else:  # no order: zero position embeddings that never train
                 self.embed.pos_embed.zero_()
         self.embed.pos_embed.requires_grad_(positions)
-        self.encoder = Encoder(n_layer, d_model, num_heads, d_ff, norm_first=True, final_norm=False)
+        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, norm_first=True, final_norm=False)
         self.norm = LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_classes)
         H, W = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)

@@ -271,7 +271,7 @@ class ModelSource:
         return int(getattr(self.modules[layer], "num_heads", 1))
 
     @property
-    def n_layer(self) -> int:
+    def num_layers(self) -> int:
         return len(self.modules)
 
     def __call__(self, mask: Tensor | None, temperature: float = 1.0,
@@ -305,7 +305,7 @@ class _CallableSource:
 
     def __init__(self, attend: Callable[[Tensor | None], Tensor]) -> None:
         self.attend = attend
-        self.n_layer = 1
+        self.num_layers = 1
         self._heads = 1
 
     def num_heads(self, layer: int) -> int:
@@ -384,7 +384,7 @@ class AttentionExplorer:
         self.mask_info = widgets.HTML(value="", layout=widgets.Layout(display="none"))  # shown when it says something
         self.temperature = widgets.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.05,
                                                   description="temperature", style=style)
-        self.layer = widgets.Dropdown(options=list(range(self.source.n_layer)), value=0,
+        self.layer = widgets.Dropdown(options=list(range(self.source.num_layers)), value=0,
                                       description="layer", style=style)
         self.head = widgets.Dropdown(options=[0], value=0, description="head", style=style)
         self.query = widgets.Dropdown(options=[(label, i) for i, label in enumerate(self.query_tokens)], value=0,
@@ -403,7 +403,7 @@ class AttentionExplorer:
         self._figures: dict[tuple, tuple] = {}
         self._updating = False
         if isinstance(self.source, ModelSource):
-            for layer in range(self.source.n_layer):
+            for layer in range(self.source.num_layers):
                 self.ablate[layer] = [widgets.Checkbox(value=False, description=f"switch off L{layer} H{h}",
                                                        indent=False, layout=widgets.Layout(width="auto"))
                                       for h in range(self.source.num_heads(layer))]

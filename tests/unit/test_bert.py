@@ -171,7 +171,7 @@ def test_pretraining_loss_runs_the_mlm_head_at_selected_positions_only():
     data = bert_pretraining.PretrainingData.from_text(tok, docs, max_len=40, topics=topics)
     batch = data.batch(16, random.Random(0), torch.Generator().manual_seed(0))
     torch.manual_seed(0)
-    model = bert.BertForPreTraining(len(tok), d_model=16, num_heads=2, d_ff=32, n_layer=1, max_len=40).double()
+    model = bert.BertForPreTraining(len(tok), d_model=16, num_heads=2, d_ff=32, num_layers=1, max_len=40).double()
     mlm_logits, nsp_logits = model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])
     full = bert.mlm_loss(mlm_logits, batch["mlm_labels"]) + F.cross_entropy(nsp_logits, batch["nsp_labels"])
     assert torch.allclose(bert_pretraining.pretraining_loss(model, batch), full, atol=1e-12)
@@ -203,7 +203,7 @@ def test_mlm_loss_mean_over_selected_positions():
 
 def test_model_heads_tied_padding_and_all_layers():
     torch.manual_seed(0)
-    model = bert.BertForPreTraining(30, d_model=16, num_heads=2, d_ff=32, n_layer=3, max_len=12)
+    model = bert.BertForPreTraining(30, d_model=16, num_heads=2, d_ff=32, num_layers=3, max_len=12)
     assert model.mlm.decoder.weight is model.encoder.embeddings.token.weight
     ids = torch.randint(5, 30, (2, 10))
     seg = torch.zeros_like(ids)
@@ -221,7 +221,7 @@ def test_model_heads_tied_padding_and_all_layers():
 
 def test_bert_initialisation_starts_near_uniform_predictions_and_keeps_a_pretrained_encoder():
     torch.manual_seed(0)
-    model = bert.BertForPreTraining(500, d_model=64, num_heads=4, d_ff=128, n_layer=2, max_len=32)
+    model = bert.BertForPreTraining(500, d_model=64, num_heads=4, d_ff=128, num_layers=2, max_len=32)
     ids = torch.randint(5, 500, (8, 20))
     with torch.no_grad():
         token = model.encoder.embeddings.token.weight
@@ -242,7 +242,7 @@ def test_pretraining_and_finetuning_run_and_learn():
     assert batch["input_ids"].shape[1] <= 40 and (batch["mlm_labels"] != -100).any()
     assert batch["attention_mask"].dtype == torch.bool
     torch.manual_seed(0)
-    model = bert.BertForPreTraining(len(tok), d_model=32, num_heads=2, d_ff=64, n_layer=1, max_len=40)
+    model = bert.BertForPreTraining(len(tok), d_model=32, num_heads=2, d_ff=64, num_layers=1, max_len=40)
     history = bert_pretraining.pretrain(model, data, steps=60, batch_size=16, lr=3e-3, warmup=10, progress=False)
     assert sum(history.losses[-10:]) / 10 < sum(history.losses[:10]) / 10
     acc = bert_pretraining.mlm_accuracy(model, data, n_pairs=100)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from conftest import devices
 from course_lib.attention import sliding_window_mask
-from course_lib.cost import largest_tensor_bytes
+from course_lib.cost import compare_generation, largest_tensor_bytes
 from course_lib.efficient_attention import (KVCache, add_global_tokens, cached_generate, dilated_window_mask,
                                             linear_attention, local_global_attention, online_softmax_attention,
                                             performer_features, random_projection, sliding_window_attention)
@@ -114,7 +114,7 @@ def test_kv_cache_concatenates_along_time():
 
 def test_gpt_with_caches_equals_gpt_without():
     torch.manual_seed(5)
-    model = GPT(17, 16, d_model=32, n_layer=2, num_heads=4).eval()
+    model = GPT(17, 16, d_model=32, num_layers=2, num_heads=4).eval()
     idx = torch.randint(0, 17, (2, 11))
     full = model(idx)
     caches = [KVCache() for _ in model.blocks]
@@ -129,11 +129,40 @@ def test_gpt_with_caches_equals_gpt_without():
 @pytest.mark.parametrize("temperature,top_k", [(0.0, None), (1.0, None), (0.8, 5)])
 def test_cached_generate_gives_generate_tokens(prompt, new, temperature, top_k):
     torch.manual_seed(6)
-    model = GPT(23, 16, d_model=32, n_layer=2, num_heads=2).eval()
+    model = GPT(23, 16, d_model=32, num_layers=2, num_heads=2).eval()
     idx = torch.randint(0, 23, (3, prompt))
     a = generate(model, idx, new, temperature, top_k, torch.Generator().manual_seed(7))
     b = cached_generate(model, idx, new, temperature, top_k, torch.Generator().manual_seed(7))
     assert a.shape == (3, prompt + new) and torch.equal(a, b)
+
+
+
+def test_compare_generation_times_each_method_and_tells_different_tokens_apart():
+    """Every method gets the same seeded generator for a length; 'same' is False as soon as
+    one method writes other tokens, and the thread setting is restored afterwards."""
+    torch.manual_seed(6)
+    model = GPT(23, 16, d_model=32, num_layers=2, num_heads=2).eval()
+    prompt = torch.randint(0, 23, (2, 3))
+
+    def shifted(m, idx, n, generator=None):
+        out = generate(m, idx, n, 1.0, None, generator)
+        out[:, -1] = (out[:, -1] + 1) % 23 if n else out[:, -1]
+        return out
+
+    threads = torch.get_num_threads()
+    runs = compare_generation({"generate": lambda m, idx, n, generator=None: generate(m, idx, n, 1.0, None, generator),
+                               "cached": lambda m, idx, n, generator=None: cached_generate(m, idx, n, 1.0, None,
+                                                                                          generator),
+                               "shifted": shifted}, model, prompt, [0, 4, 7], progress=False)
+    assert torch.get_num_threads() == threads
+    assert runs["new_tokens"] == [0, 4, 7] and runs["same"] == [True, False, False]
+    assert set(runs["seconds"]) == {"generate", "cached", "shifted"}
+    assert all(len(t) == 3 and all(s > 0 for s in t) for t in runs["seconds"].values())
+    alike = compare_generation({"generate": lambda m, idx, n, generator=None: generate(m, idx, n, 1.0, None, generator),
+                                "cached": lambda m, idx, n, generator=None: cached_generate(m, idx, n, 1.0, None,
+                                                                                           generator)},
+                               model, prompt, [5], progress=False)
+    assert alike["same"] == [True]
 
 
 def test_performer_features_are_unbiased():

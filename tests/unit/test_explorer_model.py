@@ -24,7 +24,7 @@ T = 12
 @pytest.fixture
 def setup():
     torch.manual_seed(0)
-    model = TinyTransformer(10, 10, d_model=16, num_heads=4, n_layer=2, positions="learned", max_len=32).eval()
+    model = TinyTransformer(10, 10, d_model=16, num_heads=4, num_layers=2, positions="learned", max_len=32).eval()
     tokens = torch.randint(0, 10, (1, T), generator=torch.Generator().manual_seed(1))
     labels = [str(t) for t in tokens[0].tolist()]
 

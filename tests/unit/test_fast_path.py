@@ -95,7 +95,7 @@ def test_encoder_layer_training_keeps_no_square_weights():
 
 def test_tiny_transformer_fast_path_equals_weights_path():
     torch.manual_seed(3)
-    model = TinyTransformer(10, 3, d_model=16, num_heads=4, n_layer=2, causal=True).eval()
+    model = TinyTransformer(10, 3, d_model=16, num_heads=4, num_layers=2, causal=True).eval()
     tokens = torch.randint(0, 10, (3, 8))
     lengths = torch.tensor([8, 5, 2])
     logits, weights = model(tokens, lengths, need_weights=True)
@@ -105,7 +105,7 @@ def test_tiny_transformer_fast_path_equals_weights_path():
 
 def test_bert_encoder_fast_path_equals_explicit_path():
     torch.manual_seed(4)
-    model = BertEncoder(30, d_model=32, num_heads=4, d_ff=64, n_layer=2).eval()
+    model = BertEncoder(30, d_model=32, num_heads=4, d_ff=64, num_layers=2).eval()
     ids, seg = torch.randint(0, 30, (2, 12)), torch.zeros(2, 12, dtype=torch.long)
     real = torch.arange(12)[None] < torch.tensor([[12], [7]])
     fast = model(ids, seg, real)

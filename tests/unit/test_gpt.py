@@ -41,7 +41,7 @@ def test_block_fast_path_equals_weights_path():
 
 
 def test_gpt_ties_embeddings_and_checks_block_size():
-    model = GPT(vocab_size=30, block_size=8, d_model=16, n_layer=2, num_heads=2)
+    model = GPT(vocab_size=30, block_size=8, d_model=16, num_layers=2, num_heads=2)
     assert model.head.weight is model.tok_emb.weight
     logits, weights = model(torch.randint(0, 30, (2, 8)), need_weights=True)
     assert logits.shape == (2, 8, 30) and len(weights) == 2
@@ -107,7 +107,7 @@ def test_bad_sampling_arguments():
 
 
 def test_generate_crops_the_context():
-    model = GPT(vocab_size=13, block_size=4, d_model=16, n_layer=1, num_heads=2).eval()
+    model = GPT(vocab_size=13, block_size=4, d_model=16, num_layers=1, num_heads=2).eval()
     idx = torch.randint(0, 13, (2, 3))
     out = generate(model, idx, 6, temperature=0)
     assert out.shape == (2, 9) and torch.equal(out[:, :3], idx)
@@ -134,7 +134,7 @@ def test_baseline_learns_in_context_and_is_at_chance_without_examples():
 
 def test_few_shot_accuracy_changes_no_parameter_and_restores_mode():
     tasks = GaussianClassTasks(4, 8)
-    model = ICLTransformer(tasks.token_dim, 4, d_model=16, n_layer=1, num_heads=2, dropout=0.1).train()
+    model = ICLTransformer(tasks.token_dim, 4, d_model=16, num_layers=1, num_heads=2, dropout=0.1).train()
     unchanged, acc = parameters_unchanged(model, lambda: few_shot_accuracy(model, tasks, [2, 0], 64))
     assert unchanged and list(acc) == [2, 0] and all(isinstance(v, float) for v in acc.values())
     assert model.training and all(p.grad is None for p in model.parameters())
@@ -181,7 +181,7 @@ def test_repeated_tokens_and_scores():
 
 
 def test_attention_only_model_shapes():
-    model = AttentionOnlyTransformer(10, 12, d_model=16, n_layer=2, num_heads=2)
+    model = AttentionOnlyTransformer(10, 12, d_model=16, num_layers=2, num_heads=2)
     seqs = repeated_random_tokens(3, 6, 10)
     logits, weights = model(seqs, need_weights=True)
     assert logits.shape == (3, 12, 10) and [w.shape for w in weights] == [(3, 2, 12, 12)] * 2

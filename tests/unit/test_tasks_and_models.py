@@ -51,7 +51,7 @@ def test_tiny_transformer_shapes_masks_and_pooling():
     torch.manual_seed(0)
     for positions in ("none", "sinusoidal", "learned", "relative", "rotary"):
         heads = 1 if positions in ("relative", "rotary") else 2
-        m = TinyTransformer(10, 3, d_model=8, num_heads=heads, n_layer=2, positions=positions, max_len=12)
+        m = TinyTransformer(10, 3, d_model=8, num_heads=heads, num_layers=2, positions=positions, max_len=12)
         x = torch.randint(0, 10, (2, 7))
         logits, weights = m(x, need_weights=True)
         assert logits.shape == (2, 7, 3) and len(weights) == 2 and weights[0].shape == (2, heads, 7, 7)

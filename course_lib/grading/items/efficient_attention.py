@@ -558,9 +558,9 @@ def _cache_spec() -> ItemSpec:
 
 
 def _gen_case(seed: int, B: int, T: int, new: int, block: int, temperature: float = 0.0, top_k=None,
-              n_layer: int = 2, strict: bool = False) -> Case:
+              num_layers: int = 2, strict: bool = False) -> Case:
     def make(device):
-        args = (17, block, 16, n_layer, 2)
+        args = (17, block, 16, num_layers, 2)
         state = {k: (v if k.startswith(("ln", "blocks.0.ln", "blocks.1.ln")) or v.dtype == torch.long else 10 * v)
                  for k, v in reference_state(CountingGPT, args, seed).items()}  # sharper than GPT's 0.02 init
         model = Build(f"{_HERE}:{'StrictCacheGPT' if strict else 'CountingGPT'}", args, state=state,
@@ -573,7 +573,7 @@ def _gen_case(seed: int, B: int, T: int, new: int, block: int, temperature: floa
 
     how = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}" + (f", top_k={top_k}" if top_k else "")
     model = ("a GPT that answers right only when fed the newest token with its caches" if strict else
-             f"a small GPT ({n_layer} blocks, block_size={block})")
+             f"a small GPT ({num_layers} blocks, block_size={block})")
     return Case(f"{model}, idx ({B}, {T}), max_new_tokens={new}, {how}", make)
 
 
@@ -650,7 +650,7 @@ def _cached_generate_spec() -> ItemSpec:
             SubCheck("past the block size (the window slides), a prompt longer than the block, max_new_tokens = 0, "
                      "one block", 1,
                      compare_cases(_gen_case(50, 2, 3, 9, 6), _gen_case(60, 1, 9, 3, 6), _gen_case(70, 2, 3, 0, 8),
-                                   _gen_case(80, 2, 2, 5, 16, n_layer=1)), hidden=True),
+                                   _gen_case(80, 2, 2, 5, 16, num_layers=1)), hidden=True),
         ),
     )
 

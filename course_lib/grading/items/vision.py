@@ -541,15 +541,15 @@ def _penalty_spec() -> ItemSpec:
 # attention_rollout
 # ---------------------------------------------------------------------------
 
-def _attentions(seed: int, n_layer: int, B: int, H: int, N: int, dtype: torch.dtype) -> list[torch.Tensor]:
+def _attentions(seed: int, num_layers: int, B: int, H: int, N: int, dtype: torch.dtype) -> list[torch.Tensor]:
     g = generator(seed)
-    return [torch.softmax(2 * torch.randn(B, H, N, N, generator=g, dtype=dtype), dim=-1) for _ in range(n_layer)]
+    return [torch.softmax(2 * torch.randn(B, H, N, N, generator=g, dtype=dtype), dim=-1) for _ in range(num_layers)]
 
 
-def _rollout_case(seed: int, n_layer: int, B: int, H: int, N: int, fusion: str | None = "mean",
+def _rollout_case(seed: int, num_layers: int, B: int, H: int, N: int, fusion: str | None = "mean",
                   dtype: torch.dtype = f32, as_tuple: bool = False) -> Case:
     def make(device):
-        layers = [a.to(device) for a in _attentions(seed, n_layer, B, H, N, dtype)]
+        layers = [a.to(device) for a in _attentions(seed, num_layers, B, H, N, dtype)]
         out = {"attentions": tuple(layers) if as_tuple else layers}
         if fusion is not None:
             out["head_fusion"] = fusion
@@ -557,7 +557,7 @@ def _rollout_case(seed: int, n_layer: int, B: int, H: int, N: int, fusion: str |
 
     how = "head_fusion default" if fusion is None else f"head_fusion={fusion!r}"
     kind = "a tuple" if as_tuple else "a list"
-    return Case(f"{kind} of {n_layer} layers of attention ({B}, {H}, {N}, {N}) {dtype_name(dtype)}, {how}", make)
+    return Case(f"{kind} of {num_layers} layers of attention ({B}, {H}, {N}, {N}) {dtype_name(dtype)}, {how}", make)
 
 
 def _rollout(identity=True, renorm=True, fuse_first=True, order="later-left", fusion=None, norm_first=False):
