@@ -28,6 +28,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder.sandbox import process_tree
+
 
 
 def _everyone_may_run(path: Path) -> bool:
@@ -268,22 +270,7 @@ class _PssSampler:
         self._thread.start()
 
     def _tree(self) -> set[int]:
-        children: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        parent = int(f.read().rsplit(b")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                children.setdefault(parent, []).append(int(entry))
-        found, todo = set(), [self.pid]
-        while todo:
-            pid = todo.pop()
-            if pid not in found:
-                found.add(pid)
-                todo.extend(children.get(pid, []))
-        return found | set(user_processes(self.user))
+        return set(process_tree(self.pid)) | set(user_processes(self.user))
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
