@@ -2,29 +2,30 @@
 #   make lab    set up .venv and open the workbook in JupyterLab
 #   make test   set up .venv and run the whole test suite
 # Instructors: make setup (the virtualenv, bubblewrap for the grading sandbox, `workbook check`).
-# Any Python 3.11 (3.11.0 and later; Debian 12's own is 3.11.2): make lab PYTHON=/path/to/python3.11
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV   := .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
 
-.PHONY: setup lab test test-fast lint bench browser sandbox postgres hub release check-release clean-grading
+# --- the virtualenv (the student edition's Makefile has this part too) ---
+# Python 3.11 to 3.14: the newest one on PATH, else python3; another: make lab PYTHON=/path/to/python3.13
+PYTHONS := 3.14 3.13 3.12 3.11
+PYTHON  ?= $(shell for v in $(PYTHONS); do p=$$(command -v python$$v) && $$p -c '' 2>/dev/null && { echo $$p; exit; }; done; command -v python3)
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+EXTRAS  ?= dev
 
 $(STAMP): pyproject.toml constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
-	  echo "The workbook needs Python 3.11 (any 3.11.x); '$(PYTHON)' is $$($(PYTHON) --version 2>&1 || echo missing)." >&2; \
-	  echo "Install it (Debian/Ubuntu: sudo apt-get install python3.11 python3.11-venv; macOS: brew install python@3.11)" >&2; \
-	  echo "and name it if it is not on PATH as python3.11: make lab PYTHON=/path/to/python3.11" >&2; exit 2; }
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 14))' 2>/dev/null || { \
+	  echo "The workbook needs Python 3.11, 3.12, 3.13 or 3.14; '$(PYTHON)' is $$($(PYTHON) --version 2>&1 || echo missing)." >&2; \
+	  echo "Get one: Debian/Ubuntu: sudo apt-get install python3 python3-venv (Debian 12 has 3.11, Ubuntu 24.04 3.12);" >&2; \
+	  echo "  macOS: brew install python@3.13; Windows or any system: https://www.python.org/downloads/ or uv python install 3.13;" >&2; \
+	  echo "then name it if it is not on PATH as python3.1x: make lab PYTHON=/path/to/python3.13" >&2; exit 2; }
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
 	  echo "'$(PYTHON)' cannot make a virtual environment: install its venv module" >&2; \
-	  echo "(Debian/Ubuntu: sudo apt-get install python3.11-venv)" >&2; exit 2; }
+	  echo "(Debian/Ubuntu: sudo apt-get install python3-venv, or python3.1x-venv for a python3.1x)" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
-
-# JupyterLab refuses to start as root unless told to (containers, CI machines).
-ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+# --- end of the virtualenv ---
 
 # The instructor's set-up: the virtualenv (what ./workbook needs), bubblewrap (the grading
 # sandbox) and `workbook check`, which says whether this machine can grade and how to fix it.
@@ -34,7 +35,7 @@ setup: $(STAMP) sandbox
 # Opens JupyterLab on work/ (your copies of notebooks/, made on first use, never
 # overwritten). JupyterLab options: make lab LAB_ARGS="--port 8890 --no-browser"
 lab: $(STAMP)
-	$(BIN)/python -m course_lib.workspace $(ROOT_FLAG) $(LAB_ARGS)
+	$(BIN)/python -m course_lib.workspace $(LAB_ARGS)
 
 # Two pytest workers, pytest-xdist's own --dist loadfile (each file's tests on one worker,
 # so a notebook executed for one test serves the others in its file); the graded class is

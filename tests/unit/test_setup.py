@@ -1,7 +1,8 @@
 """The set-up a newcomer runs: the pinned versions install on every Python the project
-claims (3.11.0 and later, Debian 12's own 3.11.2 included), `make` refuses another Python
-with a message that says what to install, and `workbook check` tells an instructor up front
-whether this machine can grade."""
+claims (3.11.0 to 3.14: Debian 12's own 3.11.2, Ubuntu 24.04's 3.12, Homebrew's and python.org's
+3.13 and 3.14), `make` takes the newest of them and refuses another Python with a message that
+says how to get one, and `workbook check` tells an instructor up front whether this machine can
+grade. (tests/grading/test_python_versions.py installs the course with 3.12 and 3.13 and runs it.)"""
 
 from __future__ import annotations
 
@@ -21,68 +22,113 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _requirements() -> list[str]:
     """What `pip install -e ".[dev]"` asks for, the extras the dev extra names
-    (``attention-workbook[hub]``) written out."""
+    (``attention-workbook[lab,grader,hub]``) written out."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     extras, out = project["optional-dependencies"], list(project["dependencies"])
     for requirement in extras["dev"]:
-        own = requirement.startswith(project["name"] + "[")
-        out += extras[requirement.split("[")[1].split("]")[0]] if own else [requirement]
+        if requirement.startswith(project["name"] + "["):
+            for extra in requirement.split("[")[1].split("]")[0].split(","):
+                out += extras[extra]
+        else:
+            out.append(requirement)
     return out
 
 
-def test_the_claimed_python_floor_is_3_11_0():
+def test_the_claimed_pythons_are_3_11_to_3_14_in_pyproject_and_makefile():
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert project["requires-python"] == ">=3.11,<3.12"
+    assert project["requires-python"] == ">=3.11,<3.15"
+    makefile = (REPO / "Makefile").read_text()
+    assert "PYTHONS := 3.14 3.13 3.12 3.11" in makefile  # newest first
+    assert "(3, 11) <= sys.version_info[:2] <= (3, 14)" in makefile
 
 
-def test_the_pins_resolve_for_the_oldest_claimed_python(tmp_path):
-    """pip resolves pyproject's requirements under constraints.txt as Python 3.11.0 would, wheels
-    only: a pin whose release needs a later 3.11 (soupsieve 4.1.1 needs 3.11.5) fails here."""
-    requirements = tmp_path / "requirements.txt"
-    requirements.write_text("\n".join(_requirements()) + "\n")
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-         "--python-version", "3.11.0", "--only-binary=:all:", "--target", str(tmp_path / "target"),
-         "-c", str(REPO / "constraints.txt"), "-r", str(requirements), "--report", str(report)],
-        capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"the pins do not install on Python 3.11.0:\n{proc.stderr[-3000:]}"
-    resolved = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
-                for item in json.loads(report.read_text())["install"]}
+def _pins() -> dict[str, str]:
     pins = {}
     for line in (REPO / "constraints.txt").read_text().splitlines():
         if line and not line.startswith("#"):
             name, version = line.split("==")
             pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+@pytest.mark.parametrize("python_version", ["3.11.0", "3.12", "3.13", "3.14"])
+def test_the_pins_resolve_for_every_claimed_python(tmp_path, python_version):
+    """pip resolves pyproject's requirements under constraints.txt as that Python would, wheels
+    only: a pin whose release needs a later 3.11 (soupsieve 4.1.1 needs 3.11.5) fails on 3.11.0,
+    a pin without a wheel for 3.14 fails there, and everything that gets installed has a pin."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("\n".join(_requirements()) + "\n")
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+         "--python-version", python_version, "--only-binary=:all:", "--target", str(tmp_path / "target"),
+         "-c", str(REPO / "constraints.txt"), "-r", str(requirements), "--report", str(report)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"the pins do not install on Python {python_version}:\n{proc.stderr[-3000:]}"
+    resolved = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+                for item in json.loads(report.read_text())["install"]}
+    pins = _pins()
     unpinned = sorted(set(resolved) - set(pins))
     assert not unpinned, f"installed without a pin in constraints.txt: {unpinned}"
+    assert {name: version for name, version in resolved.items() if not version.startswith(pins[name])} == {}
     assert resolved["torch"].startswith(pins["torch"])
-    assert resolved["soupsieve"] == pins["soupsieve"]
 
 
-def _fake_python(folder: Path, version: str) -> Path:
-    """An interpreter that is not 3.11: it prints its version and fails everything else."""
-    path = folder / "python"
+def _fake_python(folder: Path, version: str, name: str = "python") -> Path:
+    """An interpreter that prints ``version`` and runs ``-c ''`` (what make's search asks),
+    and fails everything else: enough for make to pick it or refuse it."""
+    path = folder / name
     path.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "Python {version}"; exit 0; }}\n'
+                    f'[ "$1" = -c ] && [ -z "$2" ] && exit 0\n'
                     f'exec /usr/bin/env python3 -c "import sys; sys.exit(1)"\n')
     path.chmod(0o755)
     return path
 
 
+def _copy_setup(folder: Path) -> None:
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy(REPO / name, folder / name)
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 @pytest.mark.parametrize("target", ["lab", "test", "setup"])
-def test_make_refuses_another_python_and_says_what_to_install(tmp_path, target):
-    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
-        shutil.copy(REPO / name, tmp_path / name)
+def test_make_refuses_another_python_and_says_how_to_get_one(tmp_path, target):
+    _copy_setup(tmp_path)
     python = _fake_python(tmp_path, "3.10.12")
     proc = subprocess.run(["make", "-s", target, f"PYTHON={python}"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0
-    assert "The workbook needs Python 3.11 (any 3.11.x)" in proc.stderr
+    assert "The workbook needs Python 3.11, 3.12, 3.13 or 3.14" in proc.stderr
     assert "is Python 3.10.12" in proc.stderr
-    assert "sudo apt-get install python3.11 python3.11-venv" in proc.stderr
-    assert "make lab PYTHON=/path/to/python3.11" in proc.stderr
+    for how in ("sudo apt-get install python3 python3-venv", "brew install python@3.13",
+                "https://www.python.org/downloads/", "uv python install 3.13", "make lab PYTHON=/path/to/python3.13"):
+        assert how in proc.stderr, how
     assert not (tmp_path / ".venv").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_takes_the_newest_supported_python_that_runs(tmp_path):
+    """On PATH: a python3.14 that does not run (as pyenv's shim for a version not selected), a
+    3.13 and a 3.12: make takes 3.13; with none of python3.11-3.14, plain python3."""
+    _copy_setup(tmp_path)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3.14").write_text("#!/bin/sh\necho 'pyenv: python3.14: command not found' >&2; exit 127\n")
+    (bin_ / "python3.14").chmod(0o755)
+    for name, version in (("python3.13", "3.13.0"), ("python3.12", "3.12.1"), ("python3", "3.10.12")):
+        _fake_python(bin_, version, name)
+    env = {"PATH": str(bin_), "HOME": str(tmp_path)}  # (make runs its recipes with /bin/sh)
+
+    def chosen() -> str:
+        proc = subprocess.run(["make", "-n", ".venv/.installed"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=60)
+        return next(line.split()[0] for line in proc.stdout.splitlines() if line.endswith("-m venv .venv"))
+
+    assert chosen() == str(bin_ / "python3.13")
+    (bin_ / "python3.13").unlink()
+    assert chosen() == str(bin_ / "python3.12")
+    (bin_ / "python3.12").unlink()
+    assert chosen() == str(bin_ / "python3")  # refused by the version check when the recipe runs
 
 
 def test_workbook_check_says_the_machine_is_ready(tmp_path, capsys):
