@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("student-edition", help="write the repository students receive: notebooks, course_lib "
                                                "without hidden checks, the README's student part; no solutions")
     p.add_argument("out", help="a new folder")
+    p.add_argument("--install-url", help="where students' Colab installs the course from (the edition's git URL "
+                                         "or an archive of it): each notebook gets a first cell that runs "
+                                         "`pip install URL` on Colab and does nothing elsewhere")
 
     p = sub.add_parser("gradebook", help="gradebook housekeeping: `gradebook migrate` copies the SQLite gradebook "
                                          "into the database db_url names (e.g. PostgreSQL)")
@@ -433,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             return _check(course)
         if args.command == "student-edition":
             from .student_edition import write_edition
-            for line in write_edition(course, Path(args.out)):
+            for line in write_edition(course, Path(args.out), install_url=args.install_url):
                 print(f"  {line}")
             print(f"student edition written to {args.out}: its README says how to start (make lab)")
             return 0

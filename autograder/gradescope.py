@@ -78,12 +78,13 @@ SETTINGS = "gradescope.json"
 # ---------------------------------------------------------------------------
 
 def _requirements() -> list[str]:
-    """The course's dependencies as pyproject.toml declares them (setup.sh installs them
-    with constraints.txt; the course's own packages stay out of the virtual environment,
-    which the student's code can read)."""
+    """The course's dependencies and the grader's (its ``grader`` extra) as pyproject.toml
+    declares them (setup.sh installs them with constraints.txt; the course's own packages stay
+    out of the virtual environment, which the student's code can read)."""
     import tomllib
     with open(ROOT / "pyproject.toml", "rb") as f:
-        return list(tomllib.load(f)["project"]["dependencies"])
+        project = tomllib.load(f)["project"]
+    return list(project["dependencies"]) + list(project["optional-dependencies"]["grader"])
 
 
 def _add_tree(zf: zipfile.ZipFile, folder: Path, name: str) -> None:

@@ -13,22 +13,30 @@ works with, and nothing of the rest:
   only visible sub-checks, so it prints the same report and the same points, and the
   grader never relies on the student's copy (it grades with the course's own, outside the
   student's process). The mistake catalogues stay: the visible tests name mistakes with them;
-- the student part of the README, with its two commands (``make lab``, ``make test``), a
-  Makefile, ``pyproject.toml`` and ``constraints.txt`` without the instructor's tools
-  (the autograder, Dask, the PostgreSQL driver), and a short test suite that checks a
-  student's set-up (the references against PyTorch, notebook 03 run top to bottom).
+- the student part of the README, with its two commands (``make lab``, ``make test``) and the
+  path without make, the Makefile's virtualenv part (Python 3.11 to 3.14), ``constraints.txt``
+  without the instructor's tools, and a short test suite that checks a student's set-up (the
+  references against PyTorch, notebook 03 run top to bottom);
+- a ``pyproject.toml`` that ``pip install EDITION`` (a folder or its git URL) reads: course_lib
+  and its light dependencies, keeping a PyTorch that is there (Colab, a lab machine); JupyterLab
+  is the ``lab`` extra. With ``--install-url URL`` each notebook starts with a cell that runs
+  that install on Colab and does nothing elsewhere (:func:`colab_cell`).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
+import tomllib
 from pathlib import Path
+
+import nbformat
 
 from .course import Course, CourseError
 
-__all__ = ["write_edition", "strip_hidden_subchecks", "INSTRUCTOR_ONLY_PACKAGES"]
+__all__ = ["write_edition", "strip_hidden_subchecks", "colab_cell", "check_install_url", "INSTRUCTOR_ONLY_PACKAGES"]
 
 INSTRUCTOR_ONLY_PACKAGES = ("dask", "distributed", "psycopg")  # grading on a cluster, a gradebook server
 _SECRETS = ("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS", "*Model answer.*")
@@ -108,51 +116,80 @@ shapes, dtypes, masks), with the course's own copy of the checks.
 """
 
 
-def _makefile() -> str:
-    return """# Two commands:
+def _makefile(repo: Path) -> str:
+    """The edition's Makefile: the course's own virtualenv part (the Pythons it accepts, the
+    messages that say how to get one), then ``lab`` and ``test``."""
+    text = (repo / "Makefile").read_text(encoding="utf-8")
+    begin, end = "# --- the virtualenv", "# --- end of the virtualenv ---"
+    venv = text[text.index(begin):text.index(end) + len(end)]
+    venv = venv.replace("EXTRAS  ?= dev", "EXTRAS  ?= lab,test")
+    return f"""# Two commands:
 #   make lab    set up .venv and open the workbook in JupyterLab
 #   make test   set up .venv and check it (the references, a notebook run top to bottom)
-# Any Python 3.11: make lab PYTHON=/path/to/python3.11
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV   := .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# Without make (Windows, or no make installed): the README's three commands.
+
+{venv}
 
 .PHONY: lab test
 
-$(STAMP): pyproject.toml constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \\
-	  echo "The workbook needs Python 3.11 (any 3.11.x); '$(PYTHON)' is $$($(PYTHON) --version 2>&1 || echo missing)." >&2; \\
-	  echo "Install it (Debian/Ubuntu: sudo apt-get install python3.11 python3.11-venv; macOS: brew install python@3.11)" >&2; \\
-	  echo "and name it if it is not on PATH as python3.11: make lab PYTHON=/path/to/python3.11" >&2; exit 2; }
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
-	touch $(STAMP)
-
-ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
-
 lab: $(STAMP)
-	$(BIN)/python -m course_lib.workspace $(ROOT_FLAG) $(LAB_ARGS)
+\t$(BIN)/python -m course_lib.workspace $(LAB_ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+\t$(BIN)/python -m pytest -q tests
 """
 
 
+def _requirement(project: dict, name: str) -> str:
+    """The course's own requirement string for package ``name`` (its pinned range)."""
+    lists = [project["dependencies"], *project["optional-dependencies"].values()]
+    for requirement in (r for group in lists for r in group):
+        if re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0].lower() == name:
+            return requirement
+    raise CourseError(f"pyproject.toml names no requirement {name!r}")
+
+
 def _pyproject(repo: Path) -> str:
+    """The edition's pyproject: course_lib and its light dependencies (``pip install EDITION``
+    into an environment with torch keeps that torch: Colab, a lab machine), and extras for a
+    JupyterLab (``lab``), a hub's student environment (``hub``) and the edition's tests."""
     text = (repo / "pyproject.toml").read_text(encoding="utf-8")
-    keep = []
-    for line in text.splitlines():
-        name = re.match(r'\s*"([A-Za-z0-9_.\-\[\]]+)', line)
-        package = re.split(r"[\[<>=!~ ]", name.group(1))[0] if name else ""
-        if package in INSTRUCTOR_ONLY_PACKAGES or package == "attention-workbook":
-            continue  # the instructor's tools, and the dev extra's own hub extra (a hub installs ".[hub]")
-        keep.append(line)
-    text = "\n".join(keep) + "\n"
-    text = re.sub(r"\n\[project\.scripts\]\n[^\[]*", "\n", text)
-    text = text.replace('include = ["course_lib*", "autograder*"]', 'include = ["course_lib*"]')
-    return text.replace('name = "attention-workbook"', 'name = "attention-workbook-student"')
+    project = tomllib.loads(text)["project"]
+
+    def names(*packages: str) -> str:
+        return "".join(f"\n    {json.dumps(_requirement(project, p))}," for p in packages)
+
+    base = "".join(f"\n    {json.dumps(r)}," for r in project["dependencies"])
+    build = text[:text.index("[project]")]
+    return f"""{build}[project]
+name = "attention-workbook-student"
+version = {json.dumps(project["version"])}
+description = "A course workbook on attention and transformers: the notebooks and course_lib, for students."
+readme = "README.md"
+requires-python = {json.dumps(project["requires-python"])}
+license = {json.dumps(project["license"])}
+dependencies = [{base}
+]
+
+[project.optional-dependencies]
+lab = [{names("jupyterlab", "ipykernel")}
+]
+hub = [
+    "attention-workbook-student[lab]",{names("jupyterhub", "nbgrader")}
+]
+test = [{names("pytest", "nbformat", "nbclient")}
+]
+
+[tool.setuptools.packages.find]
+include = ["course_lib*"]
+
+[tool.setuptools.package-data]
+"course_lib.data" = ["*.toml"]
+"course_lib" = ["lab_config/*.json", "lab_config/labconfig/*.json"]
+
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+"""
 
 
 _TESTS = '''"""A student's set-up, checked: course_lib's references agree with PyTorch's own, and a
@@ -194,11 +231,59 @@ def test_a_notebook_runs_top_to_bottom():
 '''
 
 
-def write_edition(course: Course, out: Path, repo: Path | None = None) -> list[str]:
+COLAB_CELL_TAG = "colab-install"
+
+
+def check_install_url(url: str) -> str:
+    """``url`` as one argument for ``pip install``: a git URL, an archive's URL or a path;
+    refused if it could be read as an option or holds characters a URL has no need of."""
+    if not url or len(url) > 500 or url.startswith("-") or any(c.isspace() or not c.isprintable() for c in url):
+        raise CourseError(f"--install-url must be one URL or path for pip (no spaces, not starting with '-'), "
+                          f"got {url!r}")
+    return url
+
+
+def colab_cell(url: str) -> nbformat.NotebookNode:
+    """The first cell of each notebook in an edition made with ``--install-url``: on Colab
+    (``google.colab`` importable) it installs the course unless it is there already; anywhere
+    else it does nothing. pip keeps the PyTorch it finds (the course asks for torch>=2.2)."""
+    source = f"""# On Google Colab this cell installs the course (course_lib and its light dependencies;
+# Colab's own PyTorch is kept). Anywhere else it does nothing.
+import importlib.util
+import subprocess
+import sys
+
+try:
+    import google.colab  # noqa: F401  (importable only on Colab)
+except ImportError:
+    pass
+else:
+    if importlib.util.find_spec("course_lib") is None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", {check_install_url(url)!r}], check=True)
+        importlib.invalidate_caches()"""
+    return nbformat.v4.new_code_cell(source, metadata={"tags": [COLAB_CELL_TAG]})
+
+
+def _add_colab_cells(notebooks: Path, url: str) -> int:
+    count = 0
+    for path in sorted(notebooks.glob("*/*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        cell = colab_cell(url)
+        cell.pop("id", None)  # ids as the released notebooks have them (none, or made by nbformat)
+        nb.cells.insert(0, cell)
+        nbformat.write(nb, str(path))
+        count += 1
+    return count
+
+
+def write_edition(course: Course, out: Path, repo: Path | None = None, install_url: str | None = None) -> list[str]:
     """Write the student edition of the course's repository into ``out`` (which must not
     exist or be empty); returns what it wrote, one line per part. Refuses if anything of a
-    solution, a hidden test or a model answer would be in it."""
+    solution, a hidden test or a model answer would be in it. With ``install_url``, each
+    notebook starts with :func:`colab_cell` (the course installed from there on Colab)."""
     repo = repo or course.root
+    if install_url is not None:
+        check_install_url(install_url)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise CourseError(f"{out} is not empty: the student edition goes into a new folder")
@@ -211,6 +296,7 @@ def write_edition(course: Course, out: Path, repo: Path | None = None) -> list[s
     out.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
     shutil.copytree(course.release_dir, out / "notebooks", ignore=ignore)
+    colab = _add_colab_cells(out / "notebooks", install_url) if install_url is not None else 0
     shutil.copytree(repo / "course_lib", out / "course_lib", ignore=ignore)
     stripped = 0
     for path in sorted((out / "course_lib" / "grading" / "items").glob("*.py")):
@@ -225,7 +311,7 @@ def write_edition(course: Course, out: Path, repo: Path | None = None) -> list[s
                    if line.split("==")[0].lower() not in INSTRUCTOR_ONLY_PACKAGES]
     (out / "constraints.txt").write_text("\n".join(constraints) + "\n")
     (out / "README.md").write_text(_readme(repo), encoding="utf-8")
-    (out / "Makefile").write_text(_makefile())
+    (out / "Makefile").write_text(_makefile(repo))
     (out / "pyproject.toml").write_text(_pyproject(repo))
     (out / "tests").mkdir()
     (out / "tests" / "test_setup.py").write_text(_TESTS)
@@ -235,5 +321,6 @@ def write_edition(course: Course, out: Path, repo: Path | None = None) -> list[s
         shutil.rmtree(out)
         raise CourseError(f"the student edition would hold solutions or hidden tests: {', '.join(leaks)}")
     notebooks = len(list((out / "notebooks").glob("*/*.ipynb")))
-    return [f"notebooks/: {notebooks} notebooks as released", f"course_lib/: {stripped} hidden sub-checks left out",
+    first = f", each with a first cell that installs the course on Colab from {install_url}" if colab else ""
+    return [f"notebooks/: {notebooks} notebooks as released{first}", f"course_lib/: {stripped} hidden sub-checks left out",
             "README.md, Makefile (make lab, make test), pyproject.toml, constraints.txt, tests/"]
