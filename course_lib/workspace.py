@@ -10,7 +10,8 @@ student never changed is simply refreshed.
     python -m course_lib.workspace [JupyterLab options]    (what ``make lab`` runs)
 
 opens JupyterLab on ``work/``; when one is already serving it, prints that server's
-address instead of starting another.
+address instead of starting another. It needs no shell and no ``make``: the same command
+works in PowerShell (``.venv\\Scripts\\python -m course_lib.workspace``), on macOS and on Linux.
 """
 
 from __future__ import annotations
@@ -91,13 +92,34 @@ def running_server(work: Path) -> dict | None:
 LAB_CONFIG = Path(__file__).resolve().parent / "lab_config"  # what students see of the tools
 
 
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0  # (Windows has no root, nor geteuid)
+
+
 def lab_command(work: Path, lab_args: list[str] = ()) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of the student's JupyterLab on ``work``: nbgrader's instructor
     and validation extensions are off (``lab_config/``), and there is no news prompt or
-    update check."""
+    update check. As root (a container, a CI machine) JupyterLab must be told it may start."""
     env = dict(os.environ)
     env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (str(LAB_CONFIG), env.get("JUPYTER_CONFIG_PATH")) if p)
-    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={work}", *lab_args], env
+    args = list(lab_args)
+    if _is_root() and "--allow-root" not in args:
+        args.append("--allow-root")
+    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={work}", *args], env
+
+
+def _run(command: list[str], env: dict[str, str]) -> int:
+    """Become JupyterLab (POSIX), or run it and return its exit code (Windows, where
+    ``os.execve`` starts a new process and returns the console to the shell at once)."""
+    if sys.platform == "win32":
+        import subprocess
+
+        try:
+            return subprocess.call(command, env=env)
+        except KeyboardInterrupt:
+            return 130
+    os.execve(command[0], command, env)
+    return 0  # not reached
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"JupyterLab is already open on {work}: {server['url'].rstrip('/')}/lab{token}")
         return 0
     command, env = lab_command(work, lab_args)
-    os.execve(sys.executable, command, env)
-    return 0  # not reached
+    return _run(command, env)
 
 
 if __name__ == "__main__":

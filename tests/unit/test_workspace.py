@@ -115,3 +115,58 @@ def test_a_second_make_lab_points_at_the_running_one(course, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+# The path without make: `python -m course_lib.workspace` is the whole of `make lab`, in
+# PowerShell as on POSIX; nothing in it may assume a shell, /tmp, os.fork or "/" as the separator.
+
+def test_the_manifest_names_notebooks_the_same_way_on_every_system(course, tmp_path):
+    work = tmp_path / "work with spaces" / "and ünïcode"
+    sync(course, work)
+    keys = sorted(json.loads((work / MANIFEST).read_text()))
+    assert keys == ["03_self_attention/03_self_attention.ipynb",
+                    "04_multi_head_attention/04_multi_head_attention.ipynb"]
+    # a manifest written on Windows reads the same: its keys are POSIX paths, never backslashes
+    assert all("\\" not in key for key in keys)
+
+
+def test_the_lab_command_passes_paths_as_single_arguments_and_allows_root_only_as_root(tmp_path, monkeypatch):
+    from course_lib import workspace
+
+    work = tmp_path / "a folder" / "work"
+    monkeypatch.setattr(workspace, "_is_root", lambda: False)
+    argv, env = workspace.lab_command(work, ["--port", "8890"])
+    assert argv == [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={work}", "--port", "8890"]
+    assert env["JUPYTER_CONFIG_PATH"].split(os.pathsep)[0] == str(workspace.LAB_CONFIG)
+    monkeypatch.setattr(workspace, "_is_root", lambda: True)
+    assert workspace.lab_command(work)[0][-1] == "--allow-root"  # containers and CI machines run as root
+    assert workspace.lab_command(work, ["--allow-root"])[0].count("--allow-root") == 1
+
+
+def test_on_windows_jupyterlab_runs_as_a_child_and_its_exit_code_is_returned(monkeypatch):
+    from course_lib import workspace
+
+    calls = []
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(subprocess, "call", lambda command, env: calls.append(command) or 3)
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("os.execve on Windows returns the console at once"))
+    assert workspace._run(["python", "-m", "jupyterlab"], {}) == 3
+    assert calls == [["python", "-m", "jupyterlab"]]
+
+
+def test_nothing_a_student_runs_assumes_a_posix_system():
+    """course_lib and the notebooks run in the student's own kernel, on Windows too."""
+    sources = [p for p in (REPO / "course_lib").rglob("*.py")]
+    sources += [p for p in (REPO / "notebooks").rglob("*.ipynb")]
+    assert len(sources) > 50
+    offending = {}
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        found = [word for word in ('"/tmp', "'/tmp", "os.fork(", "os.getuid(", "os.geteuid()", "import pwd",
+                                   "import fcntl", "import resource", "shell=True", '"/".join', "'/'.join")
+                 if word in text]
+        if path.name == "workspace.py":  # geteuid behind hasattr(os, "geteuid")
+            found = [w for w in found if w != "os.geteuid()" or 'hasattr(os, "geteuid")' not in text]
+        if found:
+            offending[str(path.relative_to(REPO))] = found
+    assert not offending, offending
