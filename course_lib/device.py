@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["get_device", "seed_everything", "grading_mode", "full_or_quick", "torch_threads", "threads_for",
+__all__ = ["get_device", "describe_device", "seed_everything", "grading_mode", "full_or_quick", "torch_threads", "threads_for",
            "SMALL_MODEL_PARAMETERS"]
 
 T = TypeVar("T")
@@ -40,6 +40,22 @@ def get_device(prefer: str | None = None) -> torch.device:
     if _mps_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def describe_device(device: torch.device | str) -> str:
+    """One line for a notebook's set-up cell: PyTorch's version and the device the notebook
+    uses. On a GPU or Apple silicon it adds that the results the text states were measured on
+    a CPU (a trained model can land a little differently elsewhere, and times differ) and how
+    to get the CPU's: ``WORKBOOK_DEVICE=cpu``."""
+    device = torch.device(device)
+    line = f"PyTorch {torch.__version__} on {device}"
+    if device.type == "cpu":
+        return line
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        "Apple silicon" if device.type == "mps" else device.type)
+    return (f"{line} ({name}). The results this notebook states were measured on a CPU: here a trained "
+            "model can land a little differently and times differ. For the CPU's results, set "
+            "WORKBOOK_DEVICE=cpu before starting JupyterLab.")
 
 
 def _mps_available() -> bool:

@@ -71,3 +71,15 @@ def test_workbook_threads_pins_every_model(monkeypatch):
         monkeypatch.setenv("WORKBOOK_THREADS", wrong)
         with pytest.raises(ValueError, match="WORKBOOK_THREADS"):
             threads_for(nn.Linear(4, 4))
+
+
+def test_the_set_up_line_names_the_device_and_where_the_stated_results_come_from():
+    from course_lib.device import describe_device
+
+    assert describe_device("cpu") == f"PyTorch {torch.__version__} on cpu"
+    assert describe_device(torch.device("cpu")) == describe_device("cpu")
+    other = describe_device("meta")  # any device but the CPU says how to get the CPU's results
+    assert other.startswith(f"PyTorch {torch.__version__} on meta (meta).")
+    assert "measured on a CPU" in other and "WORKBOOK_DEVICE=cpu" in other
+    if torch.cuda.is_available():
+        assert torch.cuda.get_device_name(0) in describe_device("cuda:0")
