@@ -161,10 +161,11 @@ def command(runner: Path, course_copy: Path, folders: dict[str, Path], user: Con
     return [*_drop(user), sys.executable, "-s", str(runner)], env
 
 
-def preexec(limits: Limits) -> None:
-    """In the child, before it becomes the student's user: the per-process limits, and the
-    out-of-memory killer's choice (the student's processes first; they cannot lower it)."""
-    apply_limits(limits)
+def preexec(limits: Limits, address_space_mb: int = 0) -> None:
+    """In the child, before it becomes the student's user: the per-process limits (the address
+    space on top of ``address_space_mb``: :func:`autograder.sandbox.python_address_space_mb`),
+    and the out-of-memory killer's choice (the student's processes first; they cannot lower it)."""
+    apply_limits(limits, address_space_mb)
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")

@@ -211,7 +211,8 @@ class Supervisor:
         parent, child = socket.socketpair()
         self.sock = parent
         limits = self.limits
-        preexec = functools.partial(sandbox.apply_limits, limits)
+        floor = sandbox.python_address_space_mb() if limits.memory_mb else 0
+        preexec = functools.partial(sandbox.apply_limits, limits, floor)
         if self.isolation == "none":
             argv = [os.sys.executable, "-s", str(RUNNER)]
             env = _unsafe_env(self.course_copy, child.fileno(), self.job.get("threads", 1), self.job_dir)
@@ -223,7 +224,7 @@ class Supervisor:
             argv, env = container.command(folders["runner"] / RUNNER.name, self.course_copy, folders, user,
                                           child.fileno(), threads=self.job.get("threads", 1))
             cwd = folders["home"]
-            preexec = functools.partial(container.preexec, limits)
+            preexec = functools.partial(container.preexec, limits, floor)
         else:
             argv = sandbox.command(RUNNER, self.course_copy, self.job_dir, self.limits, self.uid, child.fileno(),
                                    gpu=self.job.get("gpu", False), threads=self.job.get("threads", 1))

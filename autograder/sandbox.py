@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Limits", "SandboxUnavailable", "check_available", "command", "apply_limits", "tree_memory_mb",
+           "python_address_space_mb",
            "process_tree", "SANDBOX_UID_BASE",
            "RUNNER_DIR", "COURSE_DIR", "WORK_DIR"]
 
@@ -74,9 +75,32 @@ class SandboxUnavailable(RuntimeError):
     """bubblewrap cannot run here; the message says why and how to fix it."""
 
 
-def apply_limits(limits: Limits) -> None:
+_ADDRESS_SPACE_PROBE = ("import re, torch, numpy\n"
+                        "print(re.search(r'VmSize:\\s+(\\d+)', open('/proc/self/status').read()).group(1))")
+
+
+@functools.cache
+def python_address_space_mb() -> int:
+    """The address space (MB) a fresh Python of this environment maps once it has imported
+    torch: what a sandbox's runner maps before the submission's first allocation. About 600 MB
+    with a CPU build of PyTorch; about 3,100 MB with PyPI's Linux build, whose CUDA libraries
+    are mapped whether or not there is a GPU. A submission's ``memory_mb`` is allowed on top of
+    it (the memory it really uses is watched apart: :func:`tree_memory_mb`). Measured once per
+    process, before any child is started (:func:`apply_limits` runs between fork and exec)."""
+    try:
+        proc = subprocess.run([sys.executable, "-s", "-c", _ADDRESS_SPACE_PROBE], capture_output=True, text=True,
+                              timeout=300, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                                "CUDA_VISIBLE_DEVICES": ""})
+        return int(proc.stdout.split()[-1]) // 1024 + 1
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return 4096  # cannot tell: as much as the largest build needs
+
+
+def apply_limits(limits: Limits, address_space_mb: int = 0) -> None:
     """Limit this process and everything it starts (inherited, and not raisable without
-    privileges): address space, processes, file size, open files, no core dumps."""
+    privileges): address space (``limits.memory_mb`` on top of ``address_space_mb``, what the
+    Python installation maps: :func:`python_address_space_mb`), processes, file size, open
+    files, no core dumps."""
     def cap(kind: int, value: int) -> None:
         soft, hard = resource.getrlimit(kind)
         if hard != resource.RLIM_INFINITY:
@@ -84,7 +108,7 @@ def apply_limits(limits: Limits) -> None:
         resource.setrlimit(kind, (value, value))
 
     if limits.memory_mb:
-        cap(resource.RLIMIT_AS, limits.memory_mb * MB)
+        cap(resource.RLIMIT_AS, (limits.memory_mb + address_space_mb) * MB)
     cap(resource.RLIMIT_FSIZE, limits.file_mb * MB)
     cap(resource.RLIMIT_NOFILE, limits.max_open_files)
     cap(resource.RLIMIT_CORE, 0)

@@ -348,7 +348,20 @@ def run(channel: Channel, setup: dict) -> None:
     channel.send({"type": "done"})
 
 
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def _apply_limits(limits: dict) -> None:
+    """The per-process limits, the address space as ``memory_mb`` on top of what this process
+    maps once torch is imported (PyPI's Linux build of torch maps about 3 GB of CUDA libraries,
+    a CPU build about 600 MB): the same allowance for a submission whichever build grades it."""
+    import torch  # noqa: F401  (mapped before the limit is set)
+
     def cap(kind: int, value: int) -> None:
         soft, hard = resource.getrlimit(kind)
         if hard != resource.RLIM_INFINITY:
@@ -357,7 +370,7 @@ def _apply_limits(limits: dict) -> None:
 
     cap(resource.RLIMIT_NPROC, int(limits["max_processes"]))
     if limits.get("memory_mb"):
-        cap(resource.RLIMIT_AS, int(limits["memory_mb"]) * 2**20)
+        cap(resource.RLIMIT_AS, _vm_size() + int(limits["memory_mb"]) * 2**20)
     cap(resource.RLIMIT_FSIZE, int(limits["file_mb"]) * 2**20)
     cap(resource.RLIMIT_NOFILE, int(limits["max_open_files"]))
     cap(resource.RLIMIT_CORE, 0)
