@@ -51,19 +51,36 @@ def _pins() -> dict[str, str]:
     return pins
 
 
-@pytest.mark.parametrize("python_version", ["3.11.0", "3.12", "3.13", "3.14"])
-def test_the_pins_resolve_for_every_claimed_python(tmp_path, python_version):
-    """pip resolves pyproject's requirements under constraints.txt as that Python would, wheels
-    only: a pin whose release needs a later 3.11 (soupsieve 4.1.1 needs 3.11.5) fails on 3.11.0,
-    a pin without a wheel for 3.14 fails there, and everything that gets installed has a pin."""
-    requirements = tmp_path / "requirements.txt"
+CLAIMED = ["3.11.0", "3.12", "3.13", "3.14"]
+
+
+@pytest.fixture(scope="module")
+def resolutions(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """pip's resolution of pyproject's requirements under constraints.txt as each claimed Python
+    would do it, wheels only; the four run at once (each is mostly waiting for the index)."""
+    folder = tmp_path_factory.mktemp("resolve")
+    requirements = folder / "requirements.txt"
     requirements.write_text("\n".join(_requirements()) + "\n")
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-         "--python-version", python_version, "--only-binary=:all:", "--target", str(tmp_path / "target"),
-         "-c", str(REPO / "constraints.txt"), "-r", str(requirements), "--report", str(report)],
-        capture_output=True, text=True, timeout=600)
+    running = {}
+    for version in CLAIMED:
+        report = folder / f"report-{version}.json"
+        running[version] = (subprocess.Popen(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+             "--python-version", version, "--only-binary=:all:", "--target", str(folder / f"target-{version}"),
+             "-c", str(REPO / "constraints.txt"), "-r", str(requirements), "--report", str(report)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), report)
+    done = {}
+    for version, (proc, report) in running.items():
+        out, err = proc.communicate(timeout=900)
+        done[version] = (subprocess.CompletedProcess(proc.args, proc.returncode, out, err), report)
+    return done
+
+
+@pytest.mark.parametrize("python_version", CLAIMED)
+def test_the_pins_resolve_for_every_claimed_python(resolutions, python_version):
+    """A pin whose release needs a later 3.11 (soupsieve 4.1.1 needs 3.11.5) fails on 3.11.0, a
+    pin without a wheel for 3.14 fails there, and everything that gets installed has a pin."""
+    proc, report = resolutions[python_version]
     assert proc.returncode == 0, f"the pins do not install on Python {python_version}:\n{proc.stderr[-3000:]}"
     resolved = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
                 for item in json.loads(report.read_text())["install"]}
@@ -120,7 +137,7 @@ def test_make_takes_the_newest_supported_python_that_runs(tmp_path):
     env = {"PATH": str(bin_), "HOME": str(tmp_path)}  # (make runs its recipes with /bin/sh)
 
     def chosen() -> str:
-        proc = subprocess.run(["make", "-n", ".venv/.installed"], cwd=tmp_path, env=env, capture_output=True,
+        proc = subprocess.run([shutil.which("make"), "-n", ".venv/.installed"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=60)
         return next(line.split()[0] for line in proc.stdout.splitlines() if line.endswith("-m venv .venv"))
 
