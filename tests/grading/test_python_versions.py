@@ -1,10 +1,11 @@
 """The course on the Pythons students have, really installed (not only resolved): for Python
 3.12 and 3.13, a virtual environment made with that Python gets the pinned course, runs notebook
 03 top to bottom with every check passing in that Python's own kernel, and grades submissions
-with that environment's `workbook autograde`, sandboxed. With 3.12, first as on Colab: an
-environment that has PyTorch already installs the student edition from the first cell of its
-notebook (`--install-url`), keeps its PyTorch, and runs notebook 03 from a folder outside any
-checkout.
+with that environment's `workbook autograde`, sandboxed. With 3.13 the environment is made by
+the README's commands for a student without make, run as written (in a copy of the checkout),
+and its JupyterLab opens on the student's copies. With 3.12, first as on Colab: an environment
+that has PyTorch already installs the student edition from the first cell of its notebook
+(`--install-url`), keeps its PyTorch, and runs notebook 03 from a folder outside any checkout.
 
 The Pythons are found on PATH (``python3.12``) or among pyenv's interpreters; where one is
 missing its tests skip and say how to get it. (The suite itself runs on the machine's default
@@ -15,14 +16,20 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from browser import free_port
 from workbook_class import make_course
 
 pytestmark = pytest.mark.slow
@@ -159,17 +166,75 @@ def test_on_colab_the_first_cell_installs_the_edition_keeps_torch_and_notebook_0
     assert "attention-workbook-student" in names and "jupyterlab" not in names and "nbgrader" not in names
 
 
+def readme_without_make() -> list[str]:
+    """The README's commands for a student without make (its PowerShell block)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"Without `make`.*?```powershell\n(.*?)```", text, re.S)
+    assert block, "the README shows no commands for a student without make"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def _copy_checkout(folder: Path) -> Path:
+    """The checkout's tracked files (as they are now) in ``folder``: a fresh clone."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        if (REPO / name).is_file():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, folder / name)
+    return folder
+
+
+def _open_lab(argv: list[str], cwd: Path) -> list[str]:
+    """Start the README's last command (JupyterLab on work/), return what its contents API lists
+    for notebook 03's folder, and stop it."""
+    port = free_port()
+    lab = subprocess.Popen([*argv, "--no-browser", f"--port={port}", "--IdentityProvider.token=readme"], cwd=cwd,
+                           env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                url = f"http://127.0.0.1:{port}/api/contents/{NOTEBOOK}?token=readme"
+                with urllib.request.urlopen(url, timeout=10) as reply:
+                    return [f["name"] for f in json.loads(reply.read())["content"]]
+            except OSError:
+                assert lab.poll() is None and time.monotonic() < deadline, lab.stdout.read().decode()[-3000:]
+                time.sleep(1)
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=60)
+
+
+def _without_make(python: Path, clone: Path) -> Path:
+    """The README's commands without make, run as written with the POSIX spelling it gives
+    (``python3`` for ``py``, ``.venv/bin/python`` for ``.venv\\Scripts\\python``)."""
+    commands = readme_without_make()
+    assert len(commands) == 3, commands
+    for line in commands:
+        argv = shlex.split(line.replace("\\", "/"), posix=True)
+        argv = [str(python) if a == "py" else ".venv/bin/python" if a == ".venv/Scripts/python" else a for a in argv]
+        if "course_lib.workspace" in argv:
+            assert _open_lab(argv, clone) == [f"{NOTEBOOK}.ipynb"]  # the student's own copy, in work/
+            assert (clone / "work" / NOTEBOOK / f"{NOTEBOOK}.ipynb").is_file()
+        else:
+            _run(argv, cwd=clone)
+    return clone / ".venv" / "bin" / "python"
+
+
 @pytest.fixture(scope="module", params=["3.12", "3.13"])
 def course_env(request, base) -> tuple[str, Path]:
-    """(version, the Python of a virtual environment with the pinned course: `-e .[lab,grader]`).
-    3.12's is the Colab test's environment, the student edition uninstalled first."""
+    """(version, the Python of a virtual environment with the pinned course). 3.13's is made by
+    the README's commands without make; 3.12's is the Colab test's environment, the student
+    edition uninstalled first. Both then get the grader's tools (``-e .[lab,grader]``)."""
     version = request.param
     if version == "3.12":
         venv_python = request.getfixturevalue("with_torch_312")
         _run([venv_python, "-m", "pip", "uninstall", "--quiet", "--yes", "attention-workbook-student"])
+        _pip(venv_python, "-e", f"{REPO}[lab,grader]")
     else:
-        venv_python = _venv(_python_or_skip(version), base / f"py{version.replace('.', '')}")
-    _pip(venv_python, "-e", f"{REPO}[lab,grader]")
+        clone = _copy_checkout(base / f"clone{version.replace('.', '')}")
+        venv_python = _without_make(_python_or_skip(version), clone)
+        _pip(venv_python, "-e", f"{clone}[lab,grader]")
     return version, venv_python
 
 
