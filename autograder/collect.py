@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
-from . import intake
+from . import intake, trees
 from .course import Course, CourseError, read_json, write_json_atomic
-from .intake import IntakeLimits, Refused, shown
+from .intake import MAX_DEPTH, IntakeLimits, Refused, shown
 from .problems import problem
 
 __all__ = ["collect", "collect_exchange", "exchange_inbound", "CollectResult", "DEFAULT_PATTERN", "TIME_SOURCES",
@@ -144,9 +144,14 @@ def _account(uid: int) -> str:
 def _folder_entries(source: Path, limits: IntakeLimits, owner: int | None = None) -> Iterator[_Entry]:
     """Every file under ``source`` (never following a link); with ``owner``, a file another
     account wrote is a problem (it rejects its student)."""
-    for top, dirs, files in os.walk(source, followlinks=False):
+    for top, dirs, files in trees.walk(source):  # (no recursion: a folder a thousand levels deep is fine)
         dirs.sort()
-        for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+        if top != os.fspath(source) and len(Path(os.path.relpath(top, source)).parts) >= MAX_DEPTH:
+            if dirs:  # deeper than any submission may nest: refused, never walked (it may go on for ever)
+                rel = os.path.relpath(os.path.join(top, dirs[0]), source).replace(os.sep, "/")
+                yield _Entry(rel, None, f"nested more than {MAX_DEPTH} folders deep", lambda budget: b"")
+                dirs[:] = []
+        for name in sorted(files):
             full = os.path.join(top, name)
             rel = os.path.relpath(full, source).replace(os.sep, "/")
             why = ""
@@ -175,7 +180,6 @@ def _folder_entries(source: Path, limits: IntakeLimits, owner: int | None = None
                     return intake.read_bounded(f, budget, f"'{shown(rel)}'")
             when = dt.datetime.fromtimestamp(info.st_ctime, dt.timezone.utc).replace(tzinfo=None)
             yield _Entry(rel, path, why, read, when)
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
 
 
 # ---------------------------------------------------------------------------
