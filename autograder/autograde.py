@@ -144,9 +144,12 @@ class _Batch:
         nb, problems = read_submission(path, self.intake_rules)
         problems += [problem("symlink", f"{link} is a symbolic link; it was not given to the notebook")
                      for link in links]
-        problems[:0] = [note for note in self.collect_log.get("notes", {}).get(student, [])
-                        if f"{notebook}.ipynb" in note["message"]  # e.g. a renamed file
-                        or note["kind"] in WHOLE_SUBMISSION]  # e.g. its own timestamp.txt, disbelieved
+        collected = [note for note in self.collect_log.get("notes", {}).get(student, [])
+                     if f"{notebook}.ipynb" in note["message"]  # e.g. a renamed file
+                     or note["kind"] in WHOLE_SUBMISSION]  # e.g. its own timestamp.txt, disbelieved
+        # what collect found already (damaged JSON: collect's note names the file handed in) is said once
+        said = {note["kind"] for note in collected}
+        problems[:] = collected + [p for p in problems if p["kind"] not in said]
         task.problems = problems
         if nb is None:
             return task

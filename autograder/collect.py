@@ -604,7 +604,7 @@ def _collect(course: Course, entries: list[_Entry], known: set[str], assignment:
             continue
         result.imported[sid] = sorted(taken.notebooks)
         result.times[sid] = times
-        notes = [problem("invalid_notebook" if "not valid notebook JSON" in note else "renamed", note)
+        notes = [problem("invalid_json" if "not valid notebook JSON" in note else "renamed", note)
                  for _, (_, note) in sorted(taken.notebooks.items()) if note]
         notes += times.pop("problems") + student.flags
         if notes:
