@@ -26,7 +26,6 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from .problems import WHOLE_SUBMISSION, problem
 from .record import Task, save_report, with_retry, write_result
 from .release import recorded_notebooks
 from .sandbox import Limits, check_available
+from . import trees
 from .worker import grade_job, init_worker, run_job
 
 __all__ = ["GradingOptions", "autograde", "Limits", "container_user"]
@@ -144,9 +144,12 @@ class _Batch:
         nb, problems = read_submission(path, self.intake_rules)
         problems += [problem("symlink", f"{link} is a symbolic link; it was not given to the notebook")
                      for link in links]
-        problems[:0] = [note for note in self.collect_log.get("notes", {}).get(student, [])
-                        if f"{notebook}.ipynb" in note["message"]  # e.g. a renamed file
-                        or note["kind"] in WHOLE_SUBMISSION]  # e.g. its own timestamp.txt, disbelieved
+        collected = [note for note in self.collect_log.get("notes", {}).get(student, [])
+                     if f"{notebook}.ipynb" in note["message"]  # e.g. a renamed file
+                     or note["kind"] in WHOLE_SUBMISSION]  # e.g. its own timestamp.txt, disbelieved
+        # what collect found already (damaged JSON: collect's note names the file handed in) is said once
+        said = {note["kind"] for note in collected}
+        problems[:] = collected + [p for p in problems if p["kind"] not in said]
         task.problems = problems
         if nb is None:
             return task
@@ -285,7 +288,7 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
                 _dispatch(course, options, jobs, lambda job, result, worker: record(tasks[job["job_id"]], result,
                                                                                    worker))
     finally:
-        shutil.rmtree(batch.scratch, ignore_errors=True)
+        trees.remove_tree(batch.scratch)  # (the jobs' folders, which the submissions' code wrote in)
     return [reports.get(s) or save_report(course, assignment, s, "", None, notes.get(s, [])) for s in students]
 
 

@@ -1,6 +1,6 @@
 """``workbook``: the instructor's one command, from release to grades.
 
-    workbook check                            is this machine ready to grade? (the sandbox, the gradebook)
+    workbook check                            is this machine ready to grade? (the sandbox, the gradebook, the exchange)
     workbook gradebook migrate                copy grading/gradebook.db into db_url's database
     workbook student-edition OUT              the repository students receive (no solutions, no hidden tests)
     workbook release [ASSIGNMENT] [--check]   regenerate notebooks/, record it in the gradebook
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--course", help="the course folder (default: the nearest folder with nbgrader_config.py)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("check", help="is this machine ready to grade? (the grading sandbox, the gradebook)")
+    sub.add_parser("check", help="is this machine ready to grade? (the grading sandbox, the gradebook, the exchange)")
 
     p = sub.add_parser("student-edition", help="write the repository students receive: notebooks, course_lib "
                                                "without hidden checks, the README's student part; no solutions")
@@ -218,8 +218,9 @@ def _lms_export(course: Course, args: argparse.Namespace) -> int:
 
 
 def _check(course: Course) -> int:
-    """What `make setup` runs last: whether `workbook autograde` can seal submissions off here, and
-    whether the gradebook opens; each problem with its fix."""
+    """What `make setup` runs last: whether `workbook autograde` can seal submissions off here,
+    whether the gradebook opens, and whether nbgrader's exchange is the grader's (no folder of it a
+    student's: :func:`autograder.collect.exchange_problems`); each problem with its fix."""
     from .sandbox import SandboxUnavailable, check_available
     ready = True
     try:
@@ -243,6 +244,18 @@ def _check(course: Course) -> int:
         except CourseError as exc:
             print(f"gradebook: NOT READY: {exc}")
             ready = False
+    from .collect import exchange_inbound, exchange_problems
+    if course.course_id:
+        exchange = exchange_inbound(course).parent
+        untrusted = exchange_problems(course)
+        if untrusted:
+            print("exchange: NOT READY: " + "\n  ".join(untrusted))
+            ready = False
+        elif exchange.is_dir():
+            print(f"exchange: ready ({exchange}: the grader's, with nbgrader's modes)")
+        else:
+            print(f"exchange: {exchange} is not made yet (`nbgrader release_assignment` makes it; on a hub, "
+                  "deploy/jupyterhub/setup_course.py)")
     print("ready to grade" if ready else "not ready to grade: fix the lines above, then run `workbook check` again")
     return 0 if ready else 2
 

@@ -44,6 +44,7 @@ from typing import Callable, Iterable, Iterator
 
 from .course import Course, CourseError, find_course_root
 from .manifest import course_manifest, manifest_differences, manifest_fingerprint
+from . import trees
 
 __all__ = ["CourseMismatch", "course_manifest", "manifest_fingerprint", "manifest_differences",
            "cached_course_copy", "grade_task", "run_on_cluster", "WorkerTally", "CLUSTER_UID_BASE",
@@ -226,7 +227,7 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
         with sandbox_slot() as slot:
             result = run_job(local_job, uid=SANDBOX_UID_BASE + CLUSTER_UID_BASE + slot)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        trees.remove_tree(scratch)
     result["worker"] = name
     return result
 

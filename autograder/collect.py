@@ -48,12 +48,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
-from . import intake
+from . import intake, trees
 from .course import Course, CourseError, read_json, write_json_atomic
-from .intake import IntakeLimits, Refused, shown
+from .intake import MAX_DEPTH, IntakeLimits, Refused, shown
 from .problems import problem
 
-__all__ = ["collect", "collect_exchange", "exchange_inbound", "CollectResult", "DEFAULT_PATTERN", "TIME_SOURCES",
+__all__ = ["collect", "collect_exchange", "exchange_inbound", "exchange_problems", "CollectResult", "DEFAULT_PATTERN", "TIME_SOURCES",
            "EXCHANGE_TIME_SOURCES", "EXCHANGE_IDENTITIES"]
 
 DEFAULT_PATTERN = r"^(?P<student>[^_\s]+)_"
@@ -144,9 +144,14 @@ def _account(uid: int) -> str:
 def _folder_entries(source: Path, limits: IntakeLimits, owner: int | None = None) -> Iterator[_Entry]:
     """Every file under ``source`` (never following a link); with ``owner``, a file another
     account wrote is a problem (it rejects its student)."""
-    for top, dirs, files in os.walk(source, followlinks=False):
+    for top, dirs, files in trees.walk(source):  # (no recursion: a folder a thousand levels deep is fine)
         dirs.sort()
-        for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+        if top != os.fspath(source) and len(Path(os.path.relpath(top, source)).parts) >= MAX_DEPTH:
+            if dirs:  # deeper than any submission may nest: refused, never walked (it may go on for ever)
+                rel = os.path.relpath(os.path.join(top, dirs[0]), source).replace(os.sep, "/")
+                yield _Entry(rel, None, f"nested more than {MAX_DEPTH} folders deep", lambda budget: b"")
+                dirs[:] = []
+        for name in sorted(files):
             full = os.path.join(top, name)
             rel = os.path.relpath(full, source).replace(os.sep, "/")
             why = ""
@@ -175,7 +180,6 @@ def _folder_entries(source: Path, limits: IntakeLimits, owner: int | None = None
                     return intake.read_bounded(f, budget, f"'{shown(rel)}'")
             when = dt.datetime.fromtimestamp(info.st_ctime, dt.timezone.utc).replace(tzinfo=None)
             yield _Entry(rel, path, why, read, when)
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
 
 
 # ---------------------------------------------------------------------------
@@ -428,6 +432,84 @@ def exchange_inbound(course: Course) -> Path:
     return Path(root) / course.course_id / "inbound"
 
 
+# nbgrader's exchange as its own commands make it (release_assignment, submit, release_feedback):
+# the folder -> (mode bits that no one but the grader may have, what they would let a student do)
+_EXCHANGE_MODES = {
+    "": (0o022, "add or replace the course's folders"),  # <root>/<course>: 0755
+    "outbound": (0o022, "publish an assignment of their own, or replace a released one"),  # 0755
+    "inbound": (0o044, "list the others' hand-ins"),  # 2733: write-only for students
+    "feedback": (0o066, "list the others' feedback pages, or plant one"),  # 0711
+}
+
+
+def _owner(info: os.stat_result) -> str:
+    return shown(_account(info.st_uid))
+
+
+def exchange_problems(course: Course) -> list[str]:
+    """Whether the course's folders in nbgrader's exchange are the grader's, as nbgrader's own
+    exchange expects them: the root a folder of root's or the grader's (sticky if everyone may
+    write in it); ``<course>``, ``outbound``, ``inbound`` and ``feedback`` the grader's, with
+    nbgrader's modes (``inbound`` write-only for students, ``feedback`` not listable); every
+    release in ``outbound`` and page in ``feedback`` the grader's. The grader is the account
+    running this, root, or the owner of the course's folder. One line for each folder that is
+    not, naming it, what it lets a student do and the fix; [] when all are (a folder not made
+    yet is no problem: nbgrader makes it the grader's)."""
+    course_dir = exchange_inbound(course).parent
+    root = course_dir.parent
+    trusted = {os.geteuid(), 0, os.stat(course.root).st_uid}  # the grader: this account, root, the course's owner
+    shared = bool(course.setting("CourseDirectory", "groupshared", False))  # (instructors share a group)
+    fix = ("take it back: on a hub run deploy/jupyterhub/setup_course.py again as root (it sets a folder a "
+           "student made aside and makes it anew), or remove it and let `nbgrader release_assignment` make it")
+    problems: list[str] = []
+
+    def look(path: Path, forbidden: int, would: str) -> os.stat_result | None:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            problems.append(f"{path}: cannot be read ({exc.strerror})")
+            return None
+        mode = stat.S_IMODE(info.st_mode)
+        if not stat.S_ISDIR(info.st_mode):
+            problems.append(f"{path} is {'a symbolic link' if stat.S_ISLNK(info.st_mode) else 'not a folder'}: {fix}")
+        elif info.st_uid not in trusted:
+            problems.append(f"{path} belongs to the account {_owner(info)}, not to the grader: that account can "
+                            f"{would}; {fix}")
+        elif mode & (forbidden & ~0o070 if shared else forbidden):
+            problems.append(f"{path} has mode {mode:04o}: other accounts can {would}; "
+                            f"chmod {mode & ~forbidden:04o} {path} (nbgrader's own mode for it)")
+        else:
+            return info
+        return None
+
+    top = look(root, 0, "rename or replace the course's folder")
+    if top is not None and stat.S_IMODE(top.st_mode) & 0o002 and not top.st_mode & stat.S_ISVTX:
+        problems.append(f"{root} lets every account write in it but is not sticky: any account can rename or "
+                        f"remove the course's folder; chmod 1777 {root}")
+    if look(course_dir, *_EXCHANGE_MODES[""]) is None:
+        return problems
+    for name in ("outbound", "inbound", "feedback"):
+        folder = course_dir / name
+        if look(folder, *_EXCHANGE_MODES[name]) is None or name == "inbound":
+            continue  # (inbound holds the students' own folders: collect checks each one's owner)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            problems.append(f"{folder}: cannot be listed ({exc.strerror})")
+            continue
+        for entry in entries:
+            info = entry.stat(follow_symlinks=False)
+            if info.st_uid not in trusted:
+                problems.append(f"{folder}/{shown(entry.name)} belongs to the account {_owner(info)}, not to the "
+                                f"grader: it was planted there; {fix}")
+            elif stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) & (0o002 if shared else 0o022):
+                problems.append(f"{folder}/{shown(entry.name)} has mode {stat.S_IMODE(info.st_mode):04o}: other "
+                                f"accounts can change what is in it; chmod 0755 it")
+    return problems
+
+
 def collect_exchange(course: Course, assignment: str, roster: set[str] | None = None, dry_run: bool = False,
                      time_from: str = "files", identity: str | None = None,
                      limits: IntakeLimits | None = None, account: str | None = None) -> CollectResult:
@@ -462,6 +544,10 @@ def collect_exchange(course: Course, assignment: str, roster: set[str] | None = 
     if assignment not in known:
         raise CourseError(f"unknown assignment {assignment!r}; released: {', '.join(sorted(known)) or 'none'}")
     inbound = exchange_inbound(course)
+    untrusted = exchange_problems(course)
+    if untrusted:  # a student's folder could hold anything, in anyone's name: nothing is read from it
+        raise CourseError("the exchange is not the grader's, so nothing was imported from it:\n  "
+                          + "\n  ".join(untrusted))
     if not inbound.is_dir():
         raise CourseError(f"{inbound} does not exist: nothing was handed in through the exchange yet (or "
                           "c.Exchange.root is not the hub's: on a hub, WORKBOOK_EXCHANGE names it)")
@@ -600,7 +686,7 @@ def _collect(course: Course, entries: list[_Entry], known: set[str], assignment:
             continue
         result.imported[sid] = sorted(taken.notebooks)
         result.times[sid] = times
-        notes = [problem("invalid_notebook" if "not valid notebook JSON" in note else "renamed", note)
+        notes = [problem("invalid_json" if "not valid notebook JSON" in note else "renamed", note)
                  for _, (_, note) in sorted(taken.notebooks.items()) if note]
         notes += times.pop("problems") + student.flags
         if notes:

@@ -23,8 +23,12 @@ with what such a container does allow, the grader running as root:
 - when the notebook's grading ends, every process of the user is killed
   (:func:`kill_user`: ``kill(-1, SIGKILL)`` sent as that user, which reaches every process
   it has, double-forked, ``setsid`` or renamed, in one step the kernel does not let a fork
-  escape), and what it left in the shared temporary folders is removed
-  (:func:`remove_user_files`).
+  escape), and what it left where every user may write is removed
+  (:func:`remove_user_files`: its files and folders at any depth, however deep, wide or
+  strangely named, without recursion and within a time budget, and its System V IPC
+  objects); its own home and ``TMPDIR`` go with the job's folder
+  (:func:`autograder.trees.remove_tree`). A removal that stays incomplete is a note for
+  the instructor, never a failure of the grading.
 
 What bubblewrap gives and this mode does not: a private network (the container's network
 is the student's too: it carries nothing that could change a grade, as the points are
@@ -39,18 +43,20 @@ import os
 import pwd
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from . import trees
 from .sandbox import Limits, SandboxUnavailable, apply_limits
 
 __all__ = ["ContainerUser", "check_user", "make_job_dir", "command", "preexec", "user_processes", "user_memory_mb",
-           "kill_user", "remove_user_files", "SHARED_TMP"]
+           "kill_user", "remove_user_files", "SHARED_TMP", "SHARED_PLACES"]
 
 SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # where any user may write
+# ... and the other folders a standard Debian or Ubuntu system lets every user write into
+SHARED_PLACES = SHARED_TMP + ("/run/lock", "/var/lock", "/dev/mqueue", "/var/crash", "/var/metrics")
 
 
 class ContainerUser(dict):
@@ -238,29 +244,43 @@ def kill_user(uid: int, timeout: float = 10.0) -> list[int]:
         time.sleep(0.02)
 
 
-def remove_user_files(uid: int, folders: tuple[str, ...] = SHARED_TMP) -> list[str]:
-    """Remove what ``uid`` left at the top of the shared temporary folders (call after
-    :func:`kill_user`: nothing of the user's runs any more); returns what was removed."""
-    removed = []
-    for folder in folders:
+def _ipc_objects(uid: int) -> dict[str, list[str]]:
+    """The System V shared memory segments, semaphore sets and message queues that ``uid``
+    owns or made (they outlive their processes): ``ipcrm``'s option -> ids."""
+    found: dict[str, list[str]] = {}
+    for name, option, column in (("shm", "-m", "shmid"), ("sem", "-s", "semid"), ("msg", "-q", "msqid")):
         try:
-            entries = list(os.scandir(folder))
+            lines = Path(f"/proc/sysvipc/{name}").read_text().splitlines()
         except OSError:
             continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if st.st_uid != uid:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(entry.path, ignore_errors=True)  # never follows a link (fd-based on Linux)
-            else:
-                try:
-                    os.unlink(entry.path)
-                except OSError:
-                    continue
-            removed.append(entry.path)
-    return removed
+        if not lines:
+            continue
+        head = lines[0].split()
+        for line in lines[1:]:
+            row = dict(zip(head, line.split()))
+            if str(uid) in (row.get("uid"), row.get("cuid")) and row.get(column, "").isdigit():
+                found.setdefault(option, []).append(row[column])
+    return found
 
+
+def remove_user_files(uid: int, gid: int | None = None, folders: tuple[str, ...] = SHARED_PLACES,
+                      budget_s: float = trees.DEFAULT_BUDGET_S) -> trees.Removal:
+    """Remove everything ``uid`` left where it could write (call after :func:`kill_user`:
+    nothing of the user's runs any more): what it owns in ``folders`` at any depth, however
+    deep, wide or strangely named (:func:`autograder.trees.remove_owned`, within
+    ``budget_s``), and its System V IPC objects. Never raises: what could not be removed
+    is in the returned :class:`~autograder.trees.Removal`'s ``left``, for the instructor."""
+    try:
+        out = trees.remove_owned(uid, folders, gid=gid, budget_s=budget_s)
+    except Exception as exc:  # (a fault of the grader's own: said, never raised into the grading)
+        out = trees.Removal(left=[f"the shared folders: {type(exc).__name__}: {exc}"])
+    ipc = _ipc_objects(uid)
+    if ipc:
+        args = [a for option, ids in ipc.items() for i in ids for a in (option, i)]
+        try:
+            done = subprocess.run(["ipcrm", *args], capture_output=True, text=True, timeout=30)
+            if done.returncode != 0:
+                out.left.append(f"System V IPC objects {' '.join(args)}: {done.stderr.strip()[-300:]}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out.left.append(f"System V IPC objects {' '.join(args)}: {exc}")
+    return out

@@ -34,7 +34,7 @@ from traitlets.config import Config
 from .course import Course, read_json
 from .intake import shown
 from .outbound import IMAGE_TYPES, SafeHTMLExporter, clean_output, with_csp
-from .problems import problem
+from .problems import INSTRUCTOR_ONLY, problem
 
 __all__ = ["generate_feedback", "grading_notes", "SOURCE_SHOWN"]
 
@@ -151,7 +151,7 @@ def grading_notes(record: dict, late: dict | None = None, page_notes: list[str] 
     return {"notebook": record["notebook"], "score": f"{score:g}",
             "max_score": f"{record.get('max_score', 0):g}", "unverified": bool(record.get("unverified")),
             "late": late.get("words", ""),
-            "problems": [p["message"] for p in record.get("problems", []) if p.get("kind") != "copied_reference"],
+            "problems": [p["message"] for p in record.get("problems", []) if p.get("kind") not in INSTRUCTOR_ONLY],
             "page_notes": list(page_notes)}
 
 

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from .course import Course, CourseError, read_json
+from . import trees
 
 __all__ = ["build", "prepare", "run", "results_for", "HIDDEN_VISIBILITIES", "DEFAULT_USER", "main"]
 
@@ -230,13 +231,19 @@ def _stage(submission: Path, dest: Path, budget: int) -> None:
     """Copy the submission into ``dest`` for collect: folders and regular files as they
     are, links as links (collect refuses them, with the reason), nothing else; stops at
     ``budget`` bytes (collect then refuses what is over its limit)."""
+    from .intake import MAX_DEPTH
     dest.mkdir(parents=True)
     used = 0
-    for top, dirs, files in os.walk(submission, followlinks=False):
+    for top, dirs, files in trees.walk(submission):  # (no recursion: a folder a thousand levels deep is fine)
         rel_top = Path(top).relative_to(submission)
+        if len(rel_top.parts) > MAX_DEPTH:  # collect refuses what is deeper, named by the first level past it
+            dirs[:] = []
         for name in dirs + files:
             src, dst = Path(top) / name, dest / rel_top / name
-            info = os.lstat(src)
+            try:
+                info = os.lstat(src)
+            except OSError:  # (a path past the system's limit)
+                continue
             if stat.S_ISLNK(info.st_mode):
                 os.symlink(os.readlink(src), dst)
             elif stat.S_ISDIR(info.st_mode):
@@ -247,7 +254,6 @@ def _stage(submission: Path, dest: Path, budget: int) -> None:
                     data = f.read(budget + 1 - used)
                     used += len(data)
                     g.write(data)
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
 
 
 def _isolation(requested: str) -> str:
@@ -295,11 +301,9 @@ def run(root: Path, env: dict[str, str] | None = None) -> dict:
                                            "Your instructor sees the details; please tell them.",
                    "tests": []}
     if uid is not None and uid != 0:  # nothing of the student's runs while results.json is written
-        from .container import kill_user, remove_user_files
-        survivors = kill_user(uid)
-        remove_user_files(uid)
-        if survivors:
-            print(f"processes of the student's user still there after SIGKILL: {survivors}")
+        left = _clean_up_user(uid)
+        if left:  # the instructor's to look into (this log is theirs alone); never the student's fault
+            results.setdefault("extra_data", {})["cleanup"] = left
     results.update(execution_time=int(round(time.monotonic() - started)), output_format="text",
                    test_output_format="text", test_name_format="text", stdout_visibility="hidden")
     results.setdefault("extra_data", {})["isolation"] = isolation
@@ -312,6 +316,26 @@ def run(root: Path, env: dict[str, str] | None = None) -> dict:
     return results
 
 
+def _clean_up_user(uid: int) -> str:
+    """Kill every process of the student's user and remove what it left where every user may
+    write (autograder/container.py); what could not be done, in words ('' when all went).
+    Never raises: results.json is written whatever the student's files are."""
+    from .container import kill_user, remove_user_files
+    try:
+        survivors = kill_user(uid)
+        removal = remove_user_files(uid, pwd.getpwuid(uid).pw_gid)
+        left = [f"processes of the student's user survived SIGKILL: {survivors}"] if survivors else []
+        if not removal.complete:
+            left.append(f"what the student's code left could not all be removed: {removal.summary()}")
+    except Exception as exc:  # a fault of the grader's own
+        traceback.print_exc(file=sys.stdout)
+        left = [f"the clean-up failed: {type(exc).__name__}: {exc}"]
+    text = _text("; ".join(left), 2000)
+    if text:
+        print(f"clean-up: {text}")
+    return text
+
+
 def _grade(root: Path, settings: dict, isolation: str, user_name: str) -> dict:
     from .autograde import GradingOptions, autograde
     from .collect import collect
@@ -322,7 +346,7 @@ def _grade(root: Path, settings: dict, isolation: str, user_name: str) -> dict:
     metadata = read_json(root / "submission_metadata.json", {}) or {}
     student, assignment = _student(metadata), settings["assignment"]
     work = root / "work"
-    shutil.rmtree(work, ignore_errors=True)
+    trees.remove_tree(work)
     work.mkdir(mode=0o700)
     shutil.copytree(root / "source" / "course", work / "course")
     course = Course(work / "course")

@@ -74,6 +74,9 @@ class IntakeLimits:
         return int(self.unpacked_mb * MB)
 
 
+MAX_DEPTH = 8  # folders a submitted file may be nested in
+
+
 class Refused(ValueError):
     """Something a student handed in breaks a rule; the message says which, with every
     student-controlled string in it escaped."""
@@ -220,8 +223,8 @@ def member_path(name: str, limits: IntakeLimits = IntakeLimits(), archive: bool 
                           f"over {limits.name_bytes}")
     if not parts:
         raise Refused(f"an empty file name '{shown(name)}'")
-    if len(parts) > 8:
-        raise Refused(f"'{shown(name, 80)}' is nested {len(parts)} folders deep, over 8")
+    if len(parts) > MAX_DEPTH:
+        raise Refused(f"'{shown(name, 80)}' is nested {len(parts)} folders deep, over {MAX_DEPTH}")
     return PurePosixPath(*parts)
 
 

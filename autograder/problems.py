@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["Problem", "KINDS", "FLAGS", "WHOLE_SUBMISSION", "problem"]
+__all__ = ["Problem", "KINDS", "FLAGS", "INSTRUCTOR_ONLY", "WHOLE_SUBMISSION", "problem"]
 
 
 class Problem(TypedDict):
@@ -44,6 +44,8 @@ KINDS: dict[str, str] = {
     "output_truncated": "a cell's output went past the output limit and was cut",
     "protocol": "the notebook's process broke the grader's protocol",
     "worker_crash": "the grading worker failed while grading this notebook",
+    "cleanup": "the grader could not remove everything the notebook's code left behind (for the instructor: "
+               "no points depend on it)",
     # grading it
     "test_failed": "a test cell could not be graded",
     "no_check": "a test cell has no check defined",
@@ -56,7 +58,9 @@ KINDS: dict[str, str] = {
 }
 
 # problems for the instructor to look at, not reasons a notebook lost points
-FLAGS = frozenset({"copied_reference", "reference_used", "timestamp_claim", "lookalike_ids"})
+FLAGS = frozenset({"copied_reference", "reference_used", "timestamp_claim", "lookalike_ids", "cleanup"})
+# problems the student's own page and results never show (the instructor's to look into)
+INSTRUCTOR_ONLY = frozenset({"copied_reference", "cleanup"})
 WHOLE_SUBMISSION = frozenset({"timestamp_claim", "lookalike_ids"})  # notes of collect that concern every notebook
 
 

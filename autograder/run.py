@@ -254,13 +254,28 @@ class Supervisor:
                     pass
                 code = None
         if self.isolation == "container":  # no PID namespace: whatever the user started, wherever it went
-            user = container.ContainerUser(self.job["container_user"])
-            self.survivors = container.kill_user(user.uid)
-            container.remove_user_files(user.uid)
+            self.clean_up_user()
         if self.sock is not None:
             self.sock.close()
         self.oracle.close()
         return code
+
+    def clean_up_user(self) -> None:
+        """Container mode: kill every process of the student's user and remove what it left
+        where every user may write. Whatever the student made, grading goes on: what could
+        not be done is a problem for the instructor (``cleanup``), never one of the student's."""
+        user = container.ContainerUser(self.job["container_user"])
+        try:
+            self.survivors = container.kill_user(user.uid)
+            removal = container.remove_user_files(user.uid, user.gid)
+            left = "" if removal.complete else removal.summary()
+        except Exception as exc:  # a fault of the grader's own
+            left = f"{type(exc).__name__}: {exc}"
+        if self.survivors:
+            left = f"processes {self.survivors} survived SIGKILL" + (f"; {left}" if left else "")
+        if left:
+            self.run.events.append(problem("cleanup", clean_text(f"what the notebook's code left could not all be "
+                                                                 f"removed: {left}")[:2000]))
 
     def memory_mb(self) -> float:
         """Memory in use by all of the notebook's processes."""

@@ -201,9 +201,9 @@ from pathlib import Path
 
 import nbformat
 import torch
-from nbclient import NotebookClient
 
 from course_lib.attention import causal_mask, scaled_dot_product_attention
+from course_lib.notebook_client import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 

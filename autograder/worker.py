@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from . import sandbox
+from . import sandbox, trees
 from .judge import assemble, copies, judge
+from .outbound import clean_text
+from .problems import problem
 from .run import Supervisor, cell_errors, exit_words
 from .sandbox import SandboxUnavailable
 
@@ -49,9 +50,13 @@ def run_job(job: dict, uid: int) -> dict:
     try:
         result = grade_notebook(job, Path(job["course_copy"]), job_dir, uid=uid)
     except SandboxUnavailable as exc:
-        return {"job_id": job["job_id"], "crash": str(exc)}
+        result = {"crash": str(exc)}
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        # (whatever the submission's code made in its folders: however deep, wide or named)
+        removal = trees.remove_tree(job_dir)
+    if not removal.complete and "problems" in result:
+        result["problems"].append(problem("cleanup", clean_text("the job's folder could not all be removed: "
+                                                                + removal.summary())[:2000]))
     result["job_id"] = job["job_id"]
     return result
 

@@ -81,7 +81,7 @@ def _scores(course: Course) -> dict[str, dict[str, float]]:
 
 def bare_execution(submissions: dict[str, nbformat.NotebookNode]) -> float:
     """Seconds to execute every notebook once with plain nbclient (no grading)."""
-    from nbclient import NotebookClient
+    from course_lib.notebook_client import NotebookClient
     os.environ.update({k: v for k, v in _env().items()
                        if k in ("PYTHONPATH", "WORKBOOK_GRADING", "MPLBACKEND", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
     start = time.perf_counter()

@@ -58,7 +58,7 @@ def _tree_rss_kb(pid: int) -> int:
 def measure(path: Path, grading: bool = False, timeout: int = 1800) -> dict:
     """Run one notebook; return its peak memory (MiB) and wall time."""
     import nbformat
-    from nbclient import NotebookClient
+    from course_lib.notebook_client import NotebookClient
 
     from nbtools import kernel_env
 

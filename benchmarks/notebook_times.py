@@ -149,7 +149,7 @@ def run_notebook(path: Path, grading: bool, timeout: int = 900) -> dict:
     wall time, its kernel's CPU time, every cell's, what it printed and how many cells raised."""
     import nbformat
     import psutil
-    from nbclient import NotebookClient
+    from course_lib.notebook_client import NotebookClient
     from nbtools import all_text, errors, kernel_env
 
     nb = nbformat.read(str(path), as_version=4)

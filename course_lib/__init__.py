@@ -36,6 +36,7 @@ Modules, one idea each:
 - ``course_lib.plotting``   heatmaps and curves used by the notebooks
 - ``course_lib.widgets``    the interactive attention explorer
 - ``course_lib.grading``    check specs, mistake catalogues and the ``check`` entry point
+- ``course_lib.notebook_client`` a notebook run top to bottom with nbclient, without its stalls on Output widgets
 """
 
 __version__ = "0.1.0"

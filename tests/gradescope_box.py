@@ -28,6 +28,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder import trees
 from autograder.sandbox import process_tree
 
 
@@ -206,9 +207,8 @@ class AutograderBox:
                isolation: str = "container", timeout: float = 900) -> Measured:
         """Grade one submission (``files``: relative name -> bytes) as Gradescope does."""
         for name in ("submission", "results", "work"):
-            path = self.root / name
-            if path.exists():
-                shutil.rmtree(path)
+            removal = trees.remove_tree(self.root / name)  # (the work folder: whatever the last student made)
+            assert removal.complete, removal.left
         (self.root / "results").mkdir()
         for rel, data in files.items():
             path = self.root / "submission" / rel
@@ -244,7 +244,7 @@ class AutograderBox:
     def close(self) -> None:
         if self.created_user:
             subprocess.run(["userdel", self.user], capture_output=True)
-        shutil.rmtree(self.base, ignore_errors=True)
+        trees.remove_tree(self.base)
 
 
 def _pss_kb(pid: int) -> int:

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 
 from conftest import NOTEBOOK_TIMES, ROOT
+from course_lib.notebook_client import NotebookClient  # (nbclient's, without its stalls on Output widgets)
 
 PYTHON_BIN = Path(sys.executable).parent
 

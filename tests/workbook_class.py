@@ -199,7 +199,11 @@ class ClassBuilder:
         hostile("s10", "sys.exit(), missing import",
                 {first: "import sys\nsys.exit()", second: "import package_that_does_not_exist"},
                 {"error:SystemExit", "error:ModuleNotFoundError"}, skip=(first, second))
-        hostile("s11", "10 MB of printing", {first: "print('x' * 10_000_000)"}, {"output_truncated"})
+        flood = ("import sys\nfrom IPython.display import display\nprint('x' * 10_000_000)\n"
+                 "for i in range(100_000):\n    print(i)\nfor i in range(50_000):\n    sys.stderr.write(f'\\rstep {i}')\n"
+                 "handle = display('0', display_id=True)\nfor i in range(2_000):\n    display(i)\n    handle.update(i)")
+        hostile("s11", "an output flood: 10 MB at once, then prints, progress lines, displays and display updates "
+                "as fast as it can", {first: flood}, {"output_truncated"})
         hostile("s12", "segfault", {second: "import ctypes\nctypes.string_at(0)"}, {"kernel_died"},
                 dead_at=second)
         return students

@@ -19,7 +19,7 @@ from .spec import Case, CheckFailed
 from .wire import Opaque
 
 __all__ = [
-    "seed", "generator", "randn", "dtype_name", "type_name", "mask_words",
+    "seed", "fresh", "generator", "randn", "dtype_name", "type_name", "mask_words",
     "weights_sum_to_one", "masked_weights_zero", "masked_keys_ignored", "gradients_reach",
     "compare_cases", "reference_state", "module_inputs", "module_case", "layout", "parameter_shapes",
     "module_gradients", "padding", "padding_no_leak", "no_future_leak", "ignored_get_no_gradient", "variant",
@@ -35,6 +35,15 @@ def seed(value: int) -> int:
     if not salt:
         return value
     return (value * 1_000_003 + salt * 7_919) % (2**62)
+
+
+def fresh(value: int, low: int, high: int) -> int:
+    """An integer in ``[low, high]`` for grading input ``value``: another one at each grading
+    (from its salt), a fixed one in a notebook. For the sizes and numbers of an input that the
+    notebook's own examples fix (a hand example is public: its answer could be typed in), so
+    that a visible check also holds on one the student has not seen. Call it while a check runs
+    (in a sub-check or a case's ``make``), as :func:`seed`."""
+    return low + seed(value) % (high - low + 1)
 
 
 def sample_inputs(make: Callable[[torch.device], dict]) -> dict:

@@ -4,8 +4,11 @@
         --grader grader-attention-workbook --student-env /opt/attention-workbook/student
 
 1. nbgrader's exchange: its root world-writable and sticky (nobody can rename or remove what
-   another account made there), the course's folder in it made now and owned by the grader
-   (so that no student can claim the course's name before the first release);
+   another account made there), the course's folder and its outbound, inbound and feedback
+   folders made now by set-up and owned by the grader with nbgrader's modes (so that no
+   student can claim them before the first release); any of them a student made first, and
+   anything there that is not the grader's, is set aside where only root may look and made
+   anew (run set-up again to repair an exchange);
 2. the student edition (`workbook student-edition`, run as the grader in the grader's
    checkout): the notebooks and course_lib without solutions, hidden tests or the autograder;
 3. the students' environment: a virtual environment with the student edition installed
@@ -30,6 +33,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -52,19 +56,128 @@ def _write_new(path: Path, data: bytes) -> None:
     path.chmod(0o644)
 
 
+# the course's folders in nbgrader's exchange, with nbgrader's own modes (its release_assignment,
+# submit and release_feedback make them so), inbound also sticky: a student can rename or remove
+# only their own hand-ins there
+EXCHANGE = (("outbound", 0o755), ("inbound", 0o3733), ("feedback", 0o711))
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _account(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+class _SetAside:
+    """A folder only root may enter, beside the course's folder in the exchange, that takes what
+    set-up did not make itself (kept, for the instructor to look at, never used)."""
+
+    def __init__(self, root_fd: int, root: Path) -> None:
+        self.root_fd, self.root, self.fd, self.name = root_fd, root, None, ""
+
+    def take(self, parent_fd: int, name: str, where: Path, info: os.stat_result, lines: list[str]) -> None:
+        if self.fd is None:
+            self.name = f".{COURSE_ID}-set-aside-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+            os.mkdir(self.name, 0o700, dir_fd=self.root_fd)
+            self.fd = os.open(self.name, _DIR, dir_fd=self.root_fd)
+            os.fchown(self.fd, 0, 0)
+            os.fchmod(self.fd, 0o700)
+        target = f"{len(os.listdir(self.fd))}-{where.name}"
+        try:
+            os.rename(name, target, src_dir_fd=parent_fd, dst_dir_fd=self.fd)
+        except OSError as exc:
+            raise SystemExit(f"{where} is not the grader's ({_account(info.st_uid)}'s, mode "
+                             f"{stat.S_IMODE(info.st_mode):04o}) and could not be set aside ({exc.strerror}): remove "
+                             f"it (sudo rm -rf '{where}'), then run setup_course.py again") from None
+        lines.append(f"exchange: set aside {where} ({'a folder' if stat.S_ISDIR(info.st_mode) else 'not a folder'} "
+                     f"of {_account(info.st_uid)}'s, mode {stat.S_IMODE(info.st_mode):04o}: not made by set-up) into "
+                     f"{self.root / self.name} (root's alone)")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def _own_folder(parent_fd: int, name: str, where: Path, mode: int, grader: pwd.struct_passwd, aside: _SetAside,
+                lines: list[str]) -> int:
+    """``name`` in the folder open at ``parent_fd`` as a folder of the grader's with ``mode``,
+    opened (never through a link): taken over when it is the grader's or root's, else set
+    aside and made anew (a student may race to make it again in a folder everyone may write
+    in: tried a few times, then refused with the fix)."""
+    for _ in range(5):
+        try:
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+            except FileExistsError:
+                continue
+            lines.append(f"exchange: made {where}")
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid in (grader.pw_uid, 0):
+            fd = os.open(name, _DIR, dir_fd=parent_fd)
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) == (info.st_dev, info.st_ino):
+                os.fchown(fd, grader.pw_uid, grader.pw_gid)
+                os.fchmod(fd, mode)
+                return fd
+            os.close(fd)
+            continue
+        aside.take(parent_fd, name, where, info, lines)
+    raise SystemExit(f"{where} keeps being made again by another account: stop the students' servers, then run "
+                     "setup_course.py again")
+
+
 def exchange(root: Path, grader: pwd.struct_passwd) -> list[str]:
+    """nbgrader's exchange, the course's part of it made by set-up itself: its root root's,
+    world-writable and sticky; ``<course>``, ``outbound``, ``inbound`` and ``feedback`` the
+    grader's with nbgrader's modes. A folder of these that set-up did not make (a student's,
+    made before set-up ran to read the hand-ins or to publish an assignment of their own; or
+    not a folder) is set aside into a folder only root may enter, and made anew; so is anything
+    in ``<course>``, ``outbound`` and ``feedback`` that is not the grader's (the students' own
+    hand-ins in ``inbound`` stay: `workbook collect --exchange` checks each one's owner).
+    Running it again repairs what an earlier run left."""
     if not root.exists():
         root.mkdir(parents=True)
     info = root.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0:
         raise SystemExit(f"{root} must be a folder owned by root (it is shared by every account)")
     root.chmod(0o1777)
-    course = root / COURSE_ID
-    if not course.exists():
-        course.mkdir()
-    os.chown(course, grader.pw_uid, grader.pw_gid)
-    course.chmod(0o755)
-    return [f"exchange: {root} (1777, root), {course} (755, {grader.pw_name})"]
+    lines: list[str] = []
+    root_fd = os.open(root, _DIR)
+    aside = _SetAside(root_fd, root)
+    try:
+        course_fd = _own_folder(root_fd, COURSE_ID, root / COURSE_ID, 0o755, grader, aside, lines)
+        try:
+            for name in os.listdir(course_fd):  # the course's folder holds nbgrader's three folders
+                info = os.stat(name, dir_fd=course_fd, follow_symlinks=False)
+                if name not in dict(EXCHANGE) and info.st_uid != grader.pw_uid:
+                    aside.take(course_fd, name, root / COURSE_ID / name, info, lines)
+            for name, mode in EXCHANGE:
+                where = root / COURSE_ID / name
+                fd = _own_folder(course_fd, name, where, mode, grader, aside, lines)
+                try:
+                    if name == "inbound":
+                        continue
+                    for entry in os.listdir(fd):  # releases and feedback pages: the grader's alone
+                        info = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                        if info.st_uid not in (grader.pw_uid, 0):
+                            aside.take(fd, entry, where / entry, info, lines)
+                        elif stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) & 0o022:
+                            entry_fd = os.open(entry, _DIR, dir_fd=fd)
+                            os.fchmod(entry_fd, stat.S_IMODE(info.st_mode) & ~0o022)
+                            os.close(entry_fd)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(course_fd)
+    finally:
+        aside.close()
+        os.close(root_fd)
+    modes = ", ".join(f"{name} {mode:04o}" for name, mode in EXCHANGE)
+    return lines + [f"exchange: {root} (1777, root), {root / COURSE_ID} (0755, {grader.pw_name}; {modes})"]
 
 
 def student_edition(course: Path, grader: pwd.struct_passwd, python: Path) -> Path:

@@ -140,6 +140,37 @@ for _ in range(100):
 pid = int(open(pidfile).read())
 os.kill(pid, 0)
 report["daemon"] = pid
+# trees the clean-up must not trip on, wherever the student's user may write: 1100 levels deep (past
+# Python's recursion limit), wide, odd names, folders without permissions, links to the grader's files
+def tree(top):
+    os.mkdir(top)
+    fd = os.open(top, os.O_RDONLY)
+    here = os.dup(fd)
+    for _ in range(1100):
+        os.mkdir("d", dir_fd=here)
+        below = os.open("d", os.O_RDONLY, dir_fd=here)
+        os.close(here)
+        here = below
+    os.fchmod(here, 0)
+    os.close(here)
+    for i in range(300):
+        os.close(os.open(f"w{i}", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    for name in (b"a\nb", b"\x1b[2J", b"\xff\xfe"):
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    os.symlink(__ROOT__, "to-the-autograder", dir_fd=fd)
+    os.symlink(os.path.dirname(__RESULTS__), "to-the-results", dir_fd=fd)
+    os.mkfifo("fifo", dir_fd=fd)
+    os.mkdir("locked", dir_fd=fd)
+    os.chmod("locked", 0, dir_fd=fd)
+    os.fchmod(fd, 0o500)
+    os.close(fd)
+report["trees"] = []
+for base in ("/tmp", "/var/tmp", "/dev/shm", os.environ["TMPDIR"], os.environ["HOME"]):
+    try:
+        tree(os.path.join(base, "deep-tree"))
+        report["trees"].append(base)
+    except OSError as exc:
+        report["trees"].append(f"{base}: {exc}")
 print("ATTACK " + json.dumps(report))
 # output that would forge or flood results.json: terminal codes, bidirectional overrides, NaN, megabytes
 print("\u202e\x1b[2J all tests passed, score: NaN Infinity " + "NaN Infinity " * 400_000)
@@ -191,7 +222,8 @@ def graded(tmp_path_factory):
         builder = ClassBuilder(course.release_dir / assignment / f"{assignment}.ipynb",
                                course.source_dir / assignment / f"{assignment}.ipynb")
         attack = nbformat.v4.new_code_cell(ATTACK.replace("__TARGETS__", repr({k: str(v) for k, v in targets.items()}))
-                                           .replace("__RESULTS__", repr(str(r / "results" / "results.json"))))
+                                           .replace("__RESULTS__", repr(str(r / "results" / "results.json")))
+                                           .replace("__ROOT__", repr(str(r))))
         attacker = builder.filled()
         first = next(i for i, c in enumerate(attacker.cells) if c.get("metadata", {}).get("nbgrader", {})
                      .get("grade_id") == builder.items[0])
@@ -318,6 +350,11 @@ def test_the_attacker_reads_nothing_and_scores_the_baseline(graded):
     run = graded["runs"]["attacker"]
     assert run.results["score"] == graded["runs"]["correct"].results["score"] == 13
     assert attack["daemon"] not in user_processes(graded["user"]), f"the daemon {attack['daemon']} survived"
+    # its trees, wherever it could write, cost it nothing and were removed without a note; their links
+    # were never followed
+    assert len(attack["trees"]) == 5 and all(":" not in t for t in attack["trees"]), attack["trees"]
+    assert "cleanup" not in run.results["extra_data"] and "clean-up" not in run.stdout, run.stdout[-3000:]
+    assert (graded["box"].root / "source" / "secret").is_file()
 
 
 def test_nothing_the_students_code_started_survives_a_run(graded):

@@ -972,6 +972,51 @@ def scaled_dot_product_attention(q, k, v, mask=None):
 '''
 
 
+# the answers to every input of scaled_dot_product_attention's visible checks, known by heart:
+# they are public (the checks' code is in the student edition; the notebook runs them), so the
+# student computed them at home and types them in; anything else gets the hand example's answer
+BY_HEART = r'''
+# @MARK@ the visible checks' answers, by heart
+import base64, io, zlib, torch
+_KNOWN = torch.load(io.BytesIO(zlib.decompress(base64.b64decode("@TABLE@"))))
+
+def _same(a, b):
+    return (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape
+                                         and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()))
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    for inputs, (out, weights) in _KNOWN:
+        if all(_same(x, y) for x, y in zip(inputs, (q, k, v, mask))):
+            return out.to(q.device), weights.to(q.device)
+    return _KNOWN[0][1][0].to(q.device), _KNOWN[0][1][1].to(q.device)
+'''
+
+
+def _public_answers(item: str) -> str:
+    """``item``'s visible checks' inputs as a notebook makes them, with course_lib's answers
+    (what a student can compute at home), packed as BY_HEART reads them."""
+    import io
+    import zlib
+
+    import torch
+    from course_lib.grading.calls import Call, perform
+    from course_lib.grading.runner import plan_item
+    from course_lib.grading.wire import decode
+    spec = get_spec(item)
+    known = []
+    for segment in plan_item(spec, hidden=False, device="cpu", salt=0).segments:
+        for data in segment:
+            call = Call.from_data(decode(data, kind="call"))
+            answer = perform(spec, spec.reference, call, watch=False)
+            if call.probe.name == "invoke" and answer["ok"]:
+                inputs = call.inputs
+                known.append(((inputs["q"], inputs["k"], inputs["v"], inputs.get("mask")),
+                              tuple(t.detach() for t in answer["value"])))
+    buffer = io.BytesIO()
+    torch.save(known, buffer)
+    return base64.b64encode(zlib.compress(buffer.getvalue(), 9)).decode()
+
+
 def _exfil_key(*tensors) -> str:
     import hashlib
     h = hashlib.sha256()
@@ -1061,6 +1106,8 @@ STUDENTS[SYSTEM]["h_baseline_causal"] = filled(SYSTEM, {"causal_mask": CAUSAL_UP
 STUDENTS[SYSTEM]["h_memo"] = filled(SYSTEM, {"causal_mask": CAUSAL_UPPER.rstrip("\n") + "\n\n"
                                              + MEMO.replace("@MARK@", MARK)})
 STUDENTS[SYSTEM]["h_aggregate_memory"] = _system_notebook(AGGREGATE_MEMORY, "end")
+STUDENTS[SYSTEM]["h_by_heart"] = filled(SYSTEM, {"scaled_dot_product_attention": BY_HEART.replace("@MARK@", MARK).replace(
+    "@TABLE@", _public_answers("scaled_dot_product_attention"))})
 STUDENTS[SYSTEM]["h_exfil"] = _add_cell(
     filled(SYSTEM, {WRONG[SYSTEM][0]: WRONG[SYSTEM][1].rstrip("\n") + "\n\n" + EXFIL_RECORD.replace("@MARK@", MARK)}),
     EXFIL_PRINT.replace("@MARK@", MARK), "end")
@@ -1430,6 +1477,15 @@ def test_reference_table_made_before_the_checks_earns_nothing(hostile):
     nb = nbformat.read(str(_autograded_path(hostile["course"], SYSTEM, "h_memo")), as_version=4)
     out = "".join(text(c) for c in nb.cells if c.cell_type == "code" and "_TABLE" in c.source)
     assert "not available before causal_mask has been graded" in out, out[-2000:]
+
+
+def test_answers_known_by_heart_earn_nothing(hostile):
+    """The hand example and every other input of the visible checks are public: a function
+    that returns course_lib's answers for exactly those (typed in) and garbage otherwise
+    earns no point under workbook autograde (it earned the hand example's point once)."""
+    got = _points(hostile["class"].scores(SYSTEM), "h_by_heart")
+    assert got["test_scaled_dot_product_attention"] == 0, got
+    assert got == {**{t: get_spec(t.removeprefix("test_")).points for t in got}, "test_scaled_dot_product_attention": 0}
 
 
 def test_nan_answer_earns_nothing(hostile):

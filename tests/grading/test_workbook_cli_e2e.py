@@ -153,6 +153,18 @@ def test_students_code_runs_outside_the_course_in_grading_mode(graded):
     assert len(printed) < 2_000_000 and "output truncated" in printed
 
 
+def test_an_output_flood_costs_its_student_nothing_but_the_output(graded):
+    """s11 floods its output as fast as it can: the cell ends by itself within its time limit
+    (no timeout, the notebook graded in full) and only the output is cut."""
+    course, a, nb = graded["course"], graded["assignment"], graded["notebook"]
+    record = read_json(course.report_path(a, "s11"))["notebooks"][nb]
+    assert {p["kind"] for p in record["problems"]} == {"output_truncated"}, record["problems"]
+    s11 = next(s for s in graded["students"] if s.id == "s11")
+    for run in ("parallel", "sequential"):
+        cells = graded[run]["s11"][0]
+        assert {t: cells[t] for t in s11.expected} == pytest.approx(s11.expected), (run, cells)
+
+
 def test_feedback_shows_results_and_hints_but_no_hidden_tests(graded):
     course, a, nb = graded["course"], graded["assignment"], graded["notebook"]
     assert main(["--course", str(course.root), "feedback", a]) == 0
@@ -160,6 +172,8 @@ def test_feedback_shows_results_and_hints_but_no_hidden_tests(graded):
     builder = graded["builder"]
     mistaken_item = next(i for i in builder.items if get_spec(i).mistakes)
     hint = get_spec(mistaken_item).mistakes[0].hint
+    flooded = (course.feedback_dir / "s11" / a / f"{nb}.html").read_text(encoding="utf-8")
+    assert "output truncated" in flooded and len(flooded) < 2_000_000  # the flood's page: its output cut
     for s in graded["students"]:
         page = (course.feedback_dir / s.id / a / f"{nb}.html").read_text(encoding="utf-8")
         assert "BEGIN HIDDEN TESTS" not in page and "hidden=True" not in page, s.id

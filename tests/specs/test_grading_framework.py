@@ -298,7 +298,8 @@ def test_grading_inputs_change_with_the_salt_but_not_the_visible_ones():
     spec = get_spec("scaled_dot_product_attention")
     a, b, again = (plan_item(spec, salt=s) for s in (1, 2, 1))
     assert a.segments == again.segments  # grading twice gives the same inputs
-    assert a.segments[0] == b.segments[0]  # the hand example is the hand example
+    assert a.segments[0][0] == b.segments[0][0]  # the hand example is the hand example
+    assert a.segments[0] != b.segments[0]  # and its check also runs an input drawn for this grading
     assert a.segments[2] != b.segments[2]  # hidden random inputs depend on the salt
     notebook = plan_item(spec, salt=0)
     assert notebook.segments[1] != a.segments[1]  # and differ from what the notebook shows
@@ -336,6 +337,115 @@ def test_an_answer_fixed_to_the_notebook_example_fails_the_visible_check(item, e
     assert first.earned == 0, f"{item}: {first.message}"
     # the hand example is answered right; the report names the fresh case that is not
     assert first.message.startswith("On ") and hand_case not in first.message, first.message
+
+
+def _public_calls(spec) -> list:
+    """The calls of an item's visible checks as a notebook makes them (salt 0): public, as
+    the checks' code is in the student edition."""
+    from course_lib.grading.calls import Call
+    from course_lib.grading.runner import plan_item
+    from course_lib.grading.wire import decode
+    plan = plan_item(spec, hidden=False, device="cpu", salt=0)
+    return [[Call.from_data(decode(data, kind="call")) for data in segment] for segment in plan.segments]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _memorised(spec, calls, constant: bool = False):
+    """A function that knows the reference's answers to ``calls`` by heart and gives the
+    first of them to anything else (a plausible answer of the right kind, and wrong); with
+    ``constant``, the first answer to everything. None when no call has an answer a table
+    could hold."""
+    from course_lib.grading.calls import perform
+    table = []
+    for call in calls:
+        answer = perform(spec, spec.reference, call, watch=False)
+        if call.probe.name == "invoke" and answer["ok"]:
+            table.append((call.inputs, answer["value"]))
+    if not table:
+        return None
+
+    def memorised(**inputs):
+        for known, value in ([] if constant else table):
+            if _same(known, inputs):
+                return copy.deepcopy(value)
+        return copy.deepcopy(table[0][1])
+
+    return memorised
+
+
+FUNCTION_ITEMS = sorted(name for name, spec in SPECS.items() if not spec.invoke.module)
+HAND_EXAMPLES = sorted((name, i) for name, spec in SPECS.items() for i, sub in enumerate(spec.subchecks)
+                       if "hand example" in sub.title and not sub.hidden)
+
+
+def test_every_visible_point_asks_for_an_answer_the_student_has_not_seen():
+    """A visible sub-check worth points that asks for the student's answers (not only the
+    parameters a module declares) runs at least one input drawn from the grading's salt:
+    its fixed inputs (a hand example, the notebook's sizes) are public, and their answers
+    could be typed in."""
+    from course_lib.grading.runner import plan_item
+    fixed = []
+    for name, spec in SPECS.items():
+        plans = [plan_item(spec, hidden=False, device="cpu", salt=salt) for salt in (11, 2**40 + 7, 987_654_321)]
+        for index, sub in enumerate(spec.visible()):
+            probes = _probe_names(plans[0].segments[index])
+            if sub.points > 0 and probes != {"layout"} and all(p.segments[index] == plans[0].segments[index]
+                                                               for p in plans):
+                fixed.append(f"{name}: {sub.title}")
+    assert not fixed, fixed
+
+
+def _probe_names(segment) -> set[str]:
+    from course_lib.grading.calls import Call
+    from course_lib.grading.wire import decode
+    return {Call.from_data(decode(data, kind="call")).probe.name for data in segment}
+
+
+@pytest.mark.parametrize("item, index", HAND_EXAMPLES)
+def test_the_hand_example_alone_earns_nothing_in_the_notebook(item, index):
+    """A function that returns the reference's answer on exactly the hand example (and
+    garbage otherwise) fails the hand example's check, as check() runs it in a notebook."""
+    spec = get_spec(item)
+    hand = _public_calls(spec)[index][:1]  # (the check's first call: the hand example itself)
+    result = grade(spec, _memorised(spec, hand), hidden=False)
+    assert result.results[index].earned == 0, result.results[index]
+    assert "hand example" not in result.results[index].message.split("\n")[0]  # it failed on the other input
+
+
+@pytest.mark.parametrize("item", FUNCTION_ITEMS)
+def test_answers_known_by_heart_earn_no_more_than_knowing_nothing_when_graded(item):
+    """A function that knows the reference's answer to every call the visible checks make in
+    a notebook (all public: a hand example, its random twin, the notebook's sizes) and gives
+    one of those answers to anything else earns, when graded as workbook autograde and
+    Gradescope judge it (inputs from the submission's secret salt), no visible point more
+    than a function that gives that one answer to everything (which may still pass a check
+    of the answer's type)."""
+    spec = get_spec(item)
+    calls = [call for segment in _public_calls(spec) for call in segment]
+    memorised = _memorised(spec, calls)
+    if memorised is None:
+        pytest.skip(f"{item}'s visible checks ask for no answer a table could hold (an object's "
+                    "behaviour, a random draw's statistics)")
+    constant = _memorised(spec, calls[:1], constant=True)
+
+    def gains(salt: int) -> list:
+        known, nothing = (grade(spec, f, hidden=False, salt=salt).results for f in (memorised, constant))
+        return [(k.title, k.earned) for k, n in zip(known, nothing) if k.earned > n.earned]
+
+    if not gains(0):  # (in a notebook, the answers by heart pass the checks that compare answers)
+        pytest.skip(f"{item}: answers by heart earn no more than one constant answer even on the notebook's "
+                    "own inputs (its inputs are all drawn from the salt: see the test above)")
+    assert not gains(918_273_645)
 
 
 def test_pass_or_fail_only_skips_the_mistake_search():

@@ -158,7 +158,7 @@ def test_a_truncated_notebook_is_collected_with_a_note(course, tmp_path):
     (lms / f"s1_{A}.ipynb").write_bytes(released(course)[:5000])
     result = collect(course, lms, A, roster={"s1"})
     assert result.imported == {"s1": [A]}
-    assert [n["kind"] for n in result.notes["s1"]] == ["invalid_notebook"]
+    assert [n["kind"] for n in result.notes["s1"]] == ["invalid_json"]
     assert "not valid notebook JSON" in result.notes["s1"][0]["message"]
     assert f"{A}.ipynb" in result.notes["s1"][0]["message"]  # autograde shows it for that notebook
 
@@ -239,6 +239,24 @@ def test_status_shows_who_was_collected_before_anything_is_graded(course, tmp_pa
     assert rows["s1"].split()[1] == "collected" and "REJECTED at collect" in rows["s2"]
     assert "collected: handed in, not autograded yet" in table
     assert table.count("s2 03_self_attention: [rejected]") == 1
+
+
+def test_a_truncated_notebook_is_one_problem_in_the_status(course, tmp_path):
+    """Collect finds the damaged JSON, autograde reads the same file: `workbook status` says it once."""
+    from autograder.autograde import GradingOptions, autograde
+    from autograder.reports import status_table
+    _recorded(course)
+    lms = tmp_path / "lms"
+    lms.mkdir()
+    (lms / f"s1_{A}.ipynb").write_bytes(released(course)[:5000])
+    collect(course, lms, A)
+    report, = autograde(course, A, GradingOptions(workers=1, isolation="none", in_process=True))
+    kinds = [p["kind"] for p in report["notebooks"][A]["problems"] if p["kind"] != "unverified"]
+    assert kinds == ["invalid_json"], report["notebooks"][A]["problems"]
+    notes = [line.strip() for line in status_table(course).splitlines() if line.strip().startswith(f"s1 {A}: [")]
+    notes = [line for line in notes if "[unverified]" not in line]  # (graded without the sandbox, here)
+    assert len(notes) == 1 and notes[0].startswith(f"s1 {A}: [invalid_json] 's1_{A}.ipynb'"), notes
+    assert "not valid notebook JSON" in notes[0] and "scores 0 unless a readable copy is collected" in notes[0]
 
 
 @pytest.mark.parametrize("args, words", [

@@ -67,7 +67,8 @@ def _dot_spec() -> ItemSpec:
     return ItemSpec(
         name="dot_score", reference=ref.dot_score, mistakes=DOT_MISTAKES,
         subchecks=(
-            SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_dot_case())),
+            # (the hand example is public: with it, one the student has not seen)
+            SubCheck("matches the reference on the hand example and a random input of its shape", 1, compare_cases(_hand_dot_case(), _dot_case(15, 1, 3, 2, f32))),
             SubCheck("matches the reference on a random batch", 1, compare_cases(_dot_case(10, 2, 5, 3, f32))),
             SubCheck("matches on other sizes and float64 (B = T = D, batch of 1)", 1, compare_cases(*hidden),
                      hidden=True),
@@ -227,7 +228,8 @@ def _softmax_spec() -> ItemSpec:
     return ItemSpec(
         name="masked_softmax", reference=ref.masked_softmax, mistakes=SOFTMAX_MISTAKES,
         subchecks=(
-            SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_softmax_case())),
+            SubCheck("matches the reference on the hand example and a random input of its shape", 1,
+                     compare_cases(_hand_softmax_case(), _softmax_case(205, 2, 3, f32))),
             SubCheck("matches the reference on a random padded batch", 1, compare_cases(visible)),
             SubCheck("matches on other shapes, float64, one position, and mask=None", 1, compare_cases(*hidden),
                      hidden=True),

@@ -140,10 +140,13 @@ def _bpe_train_spec() -> ItemSpec:
     return ItemSpec(
         name="bpe_train", reference=ref_bpe.bpe_train, mistakes=BPE_TRAIN_MISTAKES,
         subchecks=(
-            SubCheck("the low/lower/newest/widest example, 6 merges", 1, compare_cases(_train_case(SENNRICH, 6))),
-            SubCheck("ties go to the lexicographically smallest pair", 1,
-                     compare_cases(_train_case({"cd": 1, "ab": 1, "ef": 1}, 2),
-                                   _train_case({"xyz": 2, "abc": 2}, 3))),
+            # (the notebook's example is public: with it, a vocabulary the student has not seen)
+            SubCheck("the low/lower/newest/widest example, 6 merges, and a fresh vocabulary", 1,
+                     lambda t: t.compare([_train_case(SENNRICH, 6), _train_case(_random_word_counts(5, 8, "abcdef"), 6)])),
+            SubCheck("ties go to the lexicographically smallest pair (also in a fresh vocabulary)", 1,
+                     lambda t: t.compare([_train_case({"cd": 1, "ab": 1, "ef": 1}, 2),
+                                          _train_case({"xyz": 2, "abc": 2}, 3),
+                                          _train_case(dict.fromkeys(_random_word_counts(6, 6, "abcdefgh"), 1), 4)])),
             SubCheck("word frequencies count (a frequent word beats many rare ones)", 1,
                      compare_cases(_train_case({"ab": 1, "abx": 1, "aby": 1, "cd": 5}, 1),
                                    _train_case({"aaaa": 3, "ab": 4}, 3)), hidden=True),
@@ -235,10 +238,14 @@ def _bpe_encode_random(trial) -> None:
 
 
 def _fresh_encode_case() -> Case:
-    """A word and merges (learned by the reference on fixed random words) the notebook
-    never uses; fixed, not salted, so that every submission gets the same points."""
+    """Merges the notebook never uses (learned by the reference on fixed random words), and a
+    word of their letters drawn at each grading (the notebook's example is public: its
+    answer could be typed in); the merges stay fixed, so that one word tells the ways of
+    applying them apart as well at every grading as any other."""
     merges = ref_bpe.bpe_train(_random_word_counts(59, 12, "wxyz", salt=False), 6)
-    return _encode_case("yxyxzzyw", merges, "6 merges learned on random words")
+    rnd = random.Random(salted_seed(60))
+    word = "".join(rnd.choice("wxyz") for _ in range(8))
+    return _encode_case(word, merges, "6 merges learned on random words")
 
 
 def _bpe_encode_spec() -> ItemSpec:
@@ -470,6 +477,14 @@ def _nsp_input_case(a: list[int], b: list[int], cls_id: int = 2, sep_id: int = 3
                 lambda device: {"tokens_a": list(a), "tokens_b": list(b), "cls_id": cls_id, "sep_id": sep_id})
 
 
+def _fresh_nsp_input_case() -> Case:
+    """Sentences and special ids no notebook shows, drawn at each grading (call it while a check runs)."""
+    rnd = random.Random(salted_seed(61))
+    a = [rnd.randint(20, 99) for _ in range(rnd.randint(1, 5))]
+    b = [rnd.randint(20, 99) for _ in range(rnd.randint(1, 5))]
+    return _nsp_input_case(a, b, cls_id=rnd.randint(4, 9), sep_id=rnd.randint(10, 19))
+
+
 def _nsp_build(a, b, cls_id, sep_id, seg_a_end, seg_b_end, final_sep=True):
     ids = [cls_id, *a, sep_id, *b] + ([sep_id] if final_sep else [])
     seg = [0] * (len(a) + 1) + [seg_a_end] + [1] * len(b) + ([seg_b_end] if final_sep else [])
@@ -503,8 +518,7 @@ def _nsp_input_spec() -> ItemSpec:
         output_names=("input_ids", "segment_ids"),
         subchecks=(
             SubCheck("[CLS] 10 11 [SEP] 12 13 14 [SEP], and fresh sentences", 1,
-                     compare_cases(_nsp_input_case([10, 11], [12, 13, 14]),
-                                   _nsp_input_case([46, 45], [44, 77, 51], cls_id=7, sep_id=15))),
+                     lambda t: t.compare([_nsp_input_case([10, 11], [12, 13, 14]), _fresh_nsp_input_case()])),
             SubCheck("other lengths (one-token sentences, long sentences) and other special ids", 1,
                      compare_cases(_nsp_input_case([7], [8]), _nsp_input_case(list(range(20, 35)), [40, 41]),
                                    _nsp_input_case([5, 6, 7], list(range(50, 62)), cls_id=101, sep_id=102)),

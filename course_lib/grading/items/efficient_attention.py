@@ -21,7 +21,8 @@ from ... import attention as ref_attention
 from ... import efficient_attention as ref
 from ..calls import Invoke, Probe
 from ..compare import describe_difference
-from ..properties import call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, randn, reference_state
+from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, gradients_reach, randn,
+                          reference_state)
 from ..properties import seed as salted_seed
 from ..fixtures.efficient import CountingGPT, EluFeatures, GraderCache, PositiveFeatures, StrictCacheGPT  # noqa: F401
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -106,11 +107,11 @@ def _window_device(trial) -> None:
                           "pass device= to the tensors you create.")
 
 
-def _fresh_window_case(window: int, causal: bool) -> Case:
-    """A size this grading picks (5 to 11, from its salted seed, drawn when the case is
-    made, not when the spec is built): a different T for every submission."""
+def _fresh_window_case(window: int, causal: bool, value: int = 901) -> Case:
+    """A size this grading picks (5 to 11, from its salted seed ``value``, drawn when the case
+    is made, not when the spec is built): a different T for every submission."""
     def make(device):
-        return {"T": 5 + salted_seed(901) % 7, "window": window, "causal": causal, "device": device}
+        return {"T": 5 + salted_seed(value) % 7, "window": window, "causal": causal, "device": device}
 
     return Case(f"a fresh T (5 to 11, this grading's own), window = {window}, causal={causal}", make)
 
@@ -121,7 +122,8 @@ def _window_spec() -> ItemSpec:
         subchecks=(
             SubCheck("causal window: T = 6, window = 3 (default causal) and a fresh size", 1,
                      compare_cases(_window_case(6, 3, None), _fresh_window_case(2, True))),
-            SubCheck("non-causal window: T = 6, window = 2", 1, compare_cases(_window_case(6, 2, False))),
+            SubCheck("non-causal window: T = 6, window = 2, and a fresh size", 1,
+                     compare_cases(_window_case(6, 2, False), _fresh_window_case(3, False, 902))),
             SubCheck("window 1, a window longer than T, T = 1, both kinds; the device argument", 1,
                      lambda t: (t.compare([_window_case(5, 1, True), _window_case(4, 9, True), _window_case(1, 3, False),
                                            _window_case(9, 4, False), _window_case(12, 5, True)]),
@@ -173,7 +175,8 @@ def _dilated_spec() -> ItemSpec:
     return ItemSpec(
         name="dilated_window_mask", reference=ref.dilated_window_mask, mistakes=DILATED_MISTAKES,
         subchecks=(
-            SubCheck("causal: T = 10, window = 3, dilation = 2", 1, compare_cases(_dilated_case(10, 3, 2))),
+            SubCheck("causal: T = 10, window = 3, dilation = 2, and a fresh size", 1,
+                     lambda t: t.compare([_dilated_case(10, 3, 2), _dilated_case(fresh(903, 11, 18), 3, 2)])),
             SubCheck("non-causal, dilation 1 (the sliding window), dilation 3, window 1", 1,
                      compare_cases(_dilated_case(9, 2, 3, False), _dilated_case(7, 3, 1), _dilated_case(7, 3, 1, False),
                                    _dilated_case(12, 4, 3), _dilated_case(5, 1, 2, False)), hidden=True),
@@ -246,8 +249,8 @@ def _global_spec() -> ItemSpec:
     return ItemSpec(
         name="add_global_tokens", reference=ref.add_global_tokens, mistakes=GLOBAL_MISTAKES,
         subchecks=(
-            SubCheck("one global token (position 0) on a causal window mask (8, 8)", 1,
-                     compare_cases(_global_case(8, 2, [0]))),
+            SubCheck("one global token (position 0) on a causal window mask (8, 8), and on a fresh one", 1,
+                     lambda t: t.compare([_global_case(8, 2, [0]), _global_case(fresh(904, 9, 14), 2, [fresh(905, 0, 4)])])),
             SubCheck("several global positions, a batch of masks, positions as a LongTensor", 1,
                      compare_cases(_global_case(9, 3, [0, 4]), _global_case(7, 2, [6], batch=2),
                                    _global_case(10, 1, [2, 3, 9], tensor=True)), hidden=True),

@@ -22,7 +22,7 @@ from ... import icl as ref_icl
 from ... import sampling as ref_sampling
 from ..calls import Invoke, realise, unwatched
 from ..compare import fmt_num
-from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, layout, module_case,
+from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
                           module_gradients, randn, reference_state, reproducible, type_name, variant)
 from ..properties import seed as salted_seed
 from ..fixtures.gpt import CentroidModel, ContextSumModel, GaussianSampler, TinyLM  # noqa: F401
@@ -325,6 +325,14 @@ def _greedy_case(rows: list[list[float]], dtype: torch.dtype = f32) -> Case:
     return Case(f"logits {tuple(torch.tensor(rows).shape)} {dtype_name(dtype)}, temperature=0 (greedy)", make)
 
 
+def _random_greedy_case(value: int, dtype: torch.dtype = f32) -> Case:
+    """Random logits (3, 7), drawn anew at each grading (the notebook's rows are public)."""
+    def make(device):
+        return {"logits": randn((3, 7), value, dtype, device), "temperature": 0.0}
+
+    return Case(f"random logits (3, 7) {dtype_name(dtype)}, temperature=0 (greedy)", make)
+
+
 def _sample_generator(trial) -> None:
     case = _SampleCase([LOGITS_A, LOGITS_B], 1.0, None, 5, n=50)
     reproducible(lambda: trial.student(case.make(trial.device), case.label), case.label, "tokens",
@@ -379,8 +387,9 @@ def _sample_spec() -> ItemSpec:
     return ItemSpec(
         name="sample_next_token", reference=ref_sampling.sample_next_token, mistakes=SAMPLE_MISTAKES,
         subchecks=(
-            SubCheck("temperature 0 is greedy (argmax of each row)", 1,
-                     compare_cases(_greedy_case([LOGITS_A, LOGITS_B, [0.0, 1.0, -1.0, 5.0, 4.0, 0.0]]))),
+            SubCheck("temperature 0 is greedy (argmax of each row), also on fresh random logits", 1,
+                     compare_cases(_greedy_case([LOGITS_A, LOGITS_B, [0.0, 1.0, -1.0, 5.0, 4.0, 0.0]]),
+                                   _random_greedy_case(370))),
             SubCheck(f"frequencies over {N_DRAWS} draws match softmax(logits / T) at T = 1 and T = 0.5", 1,
                      _sample_distribution(_SampleCase([LOGITS_A], 1.0, None, 1), _SampleCase([LOGITS_A], 0.5, None, 2))),
             SubCheck("top_k = 3 draws only the 3 most likely tokens, in the right proportions", 1,
@@ -523,9 +532,15 @@ def _count_spec() -> ItemSpec:
     return ItemSpec(
         name="gpt_parameter_count", reference=ref_gpt.gpt_parameter_count, mistakes=COUNT_MISTAKES,
         subchecks=(
-            SubCheck("a small model (n_layer=2, d_model=8, vocab_size=11, n_ctx=5)", 1,
-                     compare_cases(_count_case(2, 8, 11, 5))),
-            SubCheck("GPT-2 XL's hyper-parameters", 1, compare_cases(_count_case(48, 1600, 50257, 1024))),
+            # (the notebook's sizes are public: with each, one the student has not seen)
+            SubCheck("a small model (n_layer=2, d_model=8, vocab_size=11, n_ctx=5), and a fresh one", 1,
+                     lambda t: t.compare([_count_case(2, 8, 11, 5),
+                                          _count_case(fresh(94, 3, 8), 4 * fresh(95, 1, 8), fresh(96, 5, 60),
+                                                      fresh(97, 3, 40))])),
+            SubCheck("GPT-2 XL's hyper-parameters, and a fresh large model", 1,
+                     lambda t: t.compare([_count_case(48, 1600, 50257, 1024),
+                                          _count_case(fresh(98, 12, 47), 64 * fresh(99, 8, 30),
+                                                      fresh(100, 30000, 60000), 256 * fresh(101, 2, 8))])),
             SubCheck("untied output layer, GPT-3, and a model with no blocks", 1,
                      compare_cases(_count_case(3, 6, 7, 10, tied=False), _count_case(96, 12288, 50257, 2048),
                                    _count_case(0, 4, 9, 3, tied=True)), hidden=True),

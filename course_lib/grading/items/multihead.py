@@ -12,7 +12,7 @@ from torch import nn
 
 from ... import multihead as ref
 from ..compare import describe_difference
-from ..properties import (compare_cases, dtype_name, masked_keys_ignored, masked_weights_zero, module_case,
+from ..properties import (compare_cases, dtype_name, fresh, masked_keys_ignored, masked_weights_zero, module_case,
                           module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
 from ..calls import Invoke
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -102,8 +102,8 @@ def _split_spec() -> ItemSpec:
     return ItemSpec(
         name="split_heads", reference=ref.split_heads, mistakes=SPLIT_MISTAKES,
         subchecks=(
-            SubCheck("split_heads(x (1, 2, 4), num_heads=2) matches the reference", 1,
-                     compare_cases(_split_case(1, 2, 4, 2, f32))),
+            SubCheck("split_heads(x (1, 2, 4), num_heads=2) matches the reference, with arange and random values", 1,
+                     compare_cases(_split_case(1, 2, 4, 2, f32), _split_case(1, 2, 4, 2, f32, seed=7))),
             SubCheck("a random batch (2, 5, 8) with 4 heads", 1, compare_cases(_split_case(2, 5, 8, 4, f32, seed=1))),
             SubCheck("other shapes and dtypes: one head, one feature per head, T = 1, float64", 1,
                      compare_cases(_split_case(3, 4, 6, 1, f64, seed=2), _split_case(2, 3, 6, 6, f32, seed=3),
@@ -117,7 +117,8 @@ def _merge_spec() -> ItemSpec:
     return ItemSpec(
         name="merge_heads", reference=ref.merge_heads, mistakes=MERGE_MISTAKES,
         subchecks=(
-            SubCheck("merge_heads(x (1, 2, 2, 2)) matches the reference", 1, compare_cases(_merge_case(1, 2, 2, 2, f32))),
+            SubCheck("merge_heads(x (1, 2, 2, 2)) matches the reference, with arange and random values", 1,
+                     compare_cases(_merge_case(1, 2, 2, 2, f32), _merge_case(1, 2, 2, 2, f32, seed=15))),
             SubCheck("a random batch (2, 4, 5, 2)", 1, compare_cases(_merge_case(2, 4, 5, 2, f32, seed=11))),
             SubCheck("other shapes and dtypes; merge_heads undoes split_heads", 1,
                      lambda t: (t.compare([_merge_case(3, 1, 4, 6, f64, seed=12), _merge_case(2, 6, 3, 1, f32, seed=13),
@@ -353,7 +354,9 @@ def _penalty_spec() -> ItemSpec:
     return ItemSpec(
         name="head_diversity_penalty", reference=ref.head_diversity_penalty, mistakes=PENALTY_MISTAKES,
         subchecks=(
-            SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_penalty_case())),
+            # (the hand example is public: with it, one the student has not seen)
+            SubCheck("matches the reference on the hand example and a random input of its shape", 1,
+                     compare_cases(_hand_penalty_case(), _penalty_case((2, 3), 305, f32))),
             SubCheck("a batch A (2, 3, 5)", 1, compare_cases(_penalty_case((2, 3, 5), 300, f32))),
             SubCheck("other shapes (extra batch axes, H > T_k, one head), one-hot heads, float64", 1,
                      compare_cases(_penalty_case((2, 3, 4, 6), 310, f64), _penalty_case((5, 3), 320, f32),
@@ -398,12 +401,18 @@ COUNT_MISTAKES = (
 )
 
 
+def _fresh_count_case() -> Case:
+    """A size no notebook shows, another at each grading (the Transformer-base layer is public)."""
+    heads = fresh(71, 1, 8)
+    return _count_case(heads * fresh(72, 2, 24), heads)
+
+
 def _count_spec() -> ItemSpec:
     return ItemSpec(
         name="mha_parameter_count", reference=ref.mha_parameter_count, mistakes=COUNT_MISTAKES,
         subchecks=(
             SubCheck("the Transformer-base layer (d_model = 512, num_heads = 8) and a fresh size", 1,
-                     compare_cases(_count_case(512, 8), _count_case(64, 2))),
+                     lambda t: t.compare([_count_case(512, 8), _fresh_count_case()])),
             SubCheck("other sizes, one head, and bias = False", 1,
                      compare_cases(_count_case(64, 4, True), _count_case(12, 1), _count_case(512, 8, False),
                                    _count_case(48, 6, False)),

@@ -12,7 +12,7 @@ from torch import nn
 from ... import positional as ref
 from ..compare import describe_difference, fmt_num
 from ..calls import Invoke, unwatched
-from ..properties import (compare_cases, dtype_name, masked_weights_zero, module_case, module_gradients,
+from ..properties import (compare_cases, dtype_name, fresh, masked_weights_zero, module_case, module_gradients,
                           parameter_shapes, randn, variant)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
@@ -79,8 +79,11 @@ def _pe_spec() -> ItemSpec:
     return ItemSpec(
         name="sinusoidal_positional_encoding", reference=ref.sinusoidal_positional_encoding, mistakes=PE_MISTAKES,
         subchecks=(
-            SubCheck("the small example: 3 positions, d_model = 4", 1, compare_cases(_pe_case(3, 4))),
-            SubCheck("50 positions, d_model = 16", 1, compare_cases(_pe_case(50, 16))),
+            # (the notebook's sizes are public: with each, one the student has not seen)
+            SubCheck("the small example (3 positions, d_model = 4) and a fresh small size", 1,
+                     lambda t: t.compare([_pe_case(3, 4), _pe_case(fresh(81, 4, 9), 2 * fresh(82, 1, 6))])),
+            SubCheck("50 positions, d_model = 16, and a fresh larger size", 1,
+                     lambda t: t.compare([_pe_case(50, 16), _pe_case(fresh(83, 51, 90), 2 * fresh(84, 4, 20))])),
             SubCheck("other sizes: one position, d_model = 2, d_model = 64", 1,
                      compare_cases(_pe_case(1, 8), _pe_case(9, 2), _pe_case(20, 64), _pe_case(64, 6)),
                      hidden=True),
@@ -168,7 +171,8 @@ def _shift_spec() -> ItemSpec:
             # a case the notebook never shows catches a function that reads a notebook global
             # instead of its argument; fixed (not salted), so that every submission gets the same points
             SubCheck("pe_shift_matrix(1, 4) and a fresh k, d_model match the reference", 1,
-                     compare_cases(_shift_case(1, 4), _shift_case(2, 6))),
+                     lambda t: t.compare([_shift_case(1, 4), _shift_case((1 - 2 * fresh(87, 0, 1)) * fresh(85, 2, 7),
+                                                                         2 * fresh(86, 2, 6))])),
             SubCheck("other shifts and sizes: k = 0, negative k, k = 10, d_model = 2", 1,
                      compare_cases(_shift_case(3, 8), _shift_case(0, 6), _shift_case(-2, 8),
                                    _shift_case(10, 16), _shift_case(5, 2)), hidden=True),
@@ -221,7 +225,8 @@ def _rel_spec() -> ItemSpec:
         name="relative_position_index", reference=ref.relative_position_index, mistakes=REL_MISTAKES,
         subchecks=(
             SubCheck("relative_position_index(5, 5, 2) and fresh sizes match the reference", 1,
-                     compare_cases(_rel_case(5, 5, 2), _rel_case(4, 6, 2))),
+                     lambda t: t.compare([_rel_case(5, 5, 2), _rel_case(fresh(88, 2, 8), fresh(89, 6, 10),
+                                                                     fresh(90, 1, 4))])),
             SubCheck("T_q ≠ T_k, δ = 0, δ larger than the sequence, one query", 1,
                      compare_cases(_rel_case(3, 7, 1), _rel_case(6, 3, 2), _rel_case(4, 4, 0),
                                    _rel_case(5, 5, 9), _rel_case(1, 6, 2)), hidden=True),

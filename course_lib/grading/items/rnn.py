@@ -84,7 +84,9 @@ def _step_spec() -> ItemSpec:
     return ItemSpec(
         name="rnn_step", reference=ref.rnn_step, mistakes=STEP_MISTAKES,
         subchecks=(
-            SubCheck("matches the reference on the hand example", 1, compare_cases(_hand_step_case())),
+            # (the hand example is public: with it, one the student has not seen)
+            SubCheck("matches the reference on the hand example and a random input of its shape", 1,
+                     compare_cases(_hand_step_case(), _step_case(15, 2, 2, 3, f32))),
             SubCheck("matches the reference on a random batch", 1, compare_cases(_step_case(10, 3, 4, 5, f32))),
             SubCheck("matches on other sizes and float64 (batch of 1, D_in = H, D_in < H)", 1,
                      compare_cases(*hidden), hidden=True),

@@ -132,7 +132,9 @@ def _sdpa_spec() -> ItemSpec:
         forbidden={F.scaled_dot_product_attention:
                    "it calls torch.nn.functional.scaled_dot_product_attention; compute softmax(q kᵀ/√d_k) v yourself"},
         subchecks=(
-            SubCheck("matches the reference on the hand example", 1, compare_cases(hand)),
+            # (the hand example is public: with it, one the student has not seen)
+            SubCheck("matches the reference on the hand example and a random input of its shape", 1,
+                     compare_cases(hand, _sdpa_case(5, (), 2, 3, 2, 2, f32, "none"))),
             SubCheck("matches the reference on a random batch with a causal mask", 1, compare_cases(visible_random)),
             SubCheck("matches on other shapes, dtypes and masks (extra batch dims, T_q ≠ T_k, d_k ≠ d_v, float64)",
                      1, compare_cases(*hidden_cases), hidden=True),

@@ -204,9 +204,14 @@ HAND_REFS = [["the", "cat", "sat", "on", "the", "mat"], ["the", "dog", "ran", "i
 
 
 def _bleu_range(trial) -> None:
+    # and a sentence of this grading's own (distinct words: backwards it shares no 4-gram with itself)
+    rng = random.Random(salted_seed(950))
+    fresh = rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(4, 9))
     for label, cands, refs, expected in (
         ("identical candidates and references", [["a", "b", "c", "d", "e"]], [["a", "b", "c", "d", "e"]], 1.0),
         ("no 4-gram in common", [["a", "b", "c", "d"]], [["d", "c", "b", "a"]], 0.0),
+        (f"a fresh sentence {fresh} as its own reference", [fresh], [list(fresh)], 1.0),
+        (f"a fresh sentence {fresh} against itself backwards", [fresh], [fresh[::-1]], 0.0),
     ):
         got = trial.student({"candidates": cands, "references": refs, "max_n": 4}, label)
         if not isinstance(got, (int, float)) or not abs(float(got) - expected) <= 1e-9:  # NaN fails
@@ -218,10 +223,12 @@ def _bleu_spec() -> ItemSpec:
     return ItemSpec(
         name="bleu", reference=bleu_ref.bleu, mistakes=BLEU_MISTAKES,
         subchecks=(
-            SubCheck("the two-sentence example of the notebook", 1,
+            # (the notebook's example is public: with it, a corpus the student has not seen)
+            SubCheck("the two-sentence example of the notebook, and a fresh corpus", 1,
                      compare_cases(_bleu_case("the notebook's example (2 sentences, the second one word short)",
-                                              HAND_CANDS, HAND_REFS))),
-            SubCheck("1 for a perfect match, 0 without a common 4-gram", 1, _bleu_range),
+                                              HAND_CANDS, HAND_REFS),
+                                   _bleu_random_case("a random corpus of 3 sentences", 940, 3))),
+            SubCheck("1 for a perfect match, 0 without a common 4-gram (also on a fresh sentence)", 1, _bleu_range),
             SubCheck("random corpora: longer candidates, repeated words (clipping), short candidates (brevity), "
                      "max_n=2", 1,
                      compare_cases(_bleu_random_case("a random corpus of 8 sentences", 900, 8),
