@@ -1542,13 +1542,14 @@ def test_killing_autograde_keeps_what_was_graded_and_leaves_nothing_running():
         proc.wait()
         proc.stdout.close()
         killed_at = time.monotonic()
-        # nothing of the grading survives its parent
-        while _alive(tree) and time.monotonic() - killed_at < 10:
+        # nothing of the grading survives its parent (a grace for the kernel to tear the
+        # processes down, ample on a busy machine: the wait ends as soon as they are gone)
+        while _alive(tree) and time.monotonic() - killed_at < 30:
             time.sleep(0.2)
         assert not _alive(tree), [Path(f"/proc/{p}/cmdline").read_bytes() for p in _alive(tree)]
         # the next job's sandbox may start between the last look at the tree and the kill: it
-        # gets the same 10 s to be torn down (the CI run at 9633d8e saw one 0 s after)
-        survivors = _survivors(wait=10, markers=(str(course.root),), mine=(str(course.root),))
+        # gets the same grace to be torn down (the CI run at 9633d8e saw one 0 s after)
+        survivors = _survivors(wait=30, markers=(str(course.root),), mine=(str(course.root),))
         assert not survivors, f"a sandbox survived: {survivors}"
         # what was graded before the kill is complete: report, autograded notebook, gradebook row
         done = sorted(p.stem for p in reports.glob("*.json"))
