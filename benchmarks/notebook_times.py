@@ -49,6 +49,7 @@ import os
 import re
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -484,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {args.attention} attention" if args.attention else "") + (f", salt {args.salt}" if args.salt else "") \
         + (f", {args.optimizer} optimizer" if args.optimizer else "")
     print(f"\nnotebook times ({mode}, {len(names)} notebooks; wall and kernel CPU seconds)")
-    print(f"{'notebook':<30}{'wall':>7}{'cpu':>7}{'budget':>8}" + (f"{'before':>8}{'after/before':>14}" if before else "")
-          + "   quality reached")
+    print(f"{'notebook':<30}{'wall':>7}{'cpu':>7}{'budget':>8}" + (f"{'before':>8}{'after/before':>14}" if before else ""))
     for name in names:
         run = runs[name]
         budget = GRADING_BUDGET if args.grading else BUDGETS.get(name)
@@ -493,14 +493,14 @@ def main(argv: list[str] | None = None) -> int:
         if before:
             old = _before(before.get(name))
             line += f"{old:>8.1f}{run['seconds'] / old:>14.2f}" if old else f"{'-':>8}{'-':>14}"
-        shown = run["quality"] if not args.grading else {}
-        line += "   " + (", ".join(f"{k} {v}" for k, v in shown.items()) or "-")
         if run["errors"]:
             line += f"   ({run['errors']} cells raised)"
         if budget and run["seconds"] > budget:
             line += "   OVER BUDGET"
         print(line)
         if not args.grading:
+            shown = ", ".join(f"{k} {v}" for k, v in run["quality"].items()) or "-"
+            print(textwrap.fill(shown, 120, initial_indent=f"{'':<30}quality: ", subsequent_indent=" " * 39))
             for label, verdict in cost_claims(name, run["printed"]).items():
                 print(f"{'':<30}time: {verdict} {label}")
     total = sum(r["seconds"] for r in runs.values())
