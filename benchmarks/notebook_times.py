@@ -141,11 +141,12 @@ def _least(pattern: str, pair=lambda a, b: a - b):
     return value
 
 
-def _least_drop(pattern: str):
-    """The least fall between consecutive matches (negative: a rise)."""
+def _least_step(pattern: str, sign: int):
+    """The least step between consecutive matches, a fall (``sign`` -1) or a rise (+1);
+    negative where one goes the other way."""
     def value(printed: str) -> str:
         values = [float(v) for v in re.findall(pattern, printed)]
-        return f"{min(a - b for a, b in zip(values, values[1:])):.1f}" if len(values) > 1 else "?"
+        return f"{min(sign * (b - a) for a, b in zip(values, values[1:])):.1f}" if len(values) > 1 else "?"
     return value
 
 
@@ -178,7 +179,7 @@ QUALITY = {
         ("exact match at length 4", r"length\s+4: exact match\s+([\d.]+%)"),
         ("at 20", r"length 20: exact match\s+([\d.]+%)"),
         ("token accuracy's least fall between lengths",
-         _least_drop(r"length\s+\d+: exact match\s+[\d.]+%, token accuracy\s+([\d.]+)%")),
+         _least_step(r"length\s+\d+: exact match\s+[\d.]+%, token accuracy\s+([\d.]+)%", -1)),
         ("first 4 outputs over the last 4, least gap",
          _least(r"length \d+: first 4 output positions ([\d.]+)%, last 4 output positions ([\d.]+)%")),
         ("c read back: first 4", r"context readout: first 4 positions ([\d.]+%)"),
@@ -230,6 +231,7 @@ QUALITY = {
         ("unigram", r"unigram baseline, always '[^']+': ([\d.]+%)"),
         ("NSP", r"held-out NSP accuracy: ([\d.]+%)"),
         ("NSP curve", r"NSP accuracy during pre-training: (\d+: \d+%, \d+: \d+%)"),
+        ("NSP at the curve's start", r"NSP accuracy during pre-training: \d+: (\d+%)"),
         ("NSP at the curve's end", r"NSP accuracy during pre-training: .*\b(\d+%)\s*$"),
         ("fine-tuned", r"pre-trained\s*: ([\d.]+%)"),
         ("scratch", r"from scratch\s*: ([\d.]+%)"),
@@ -241,7 +243,7 @@ QUALITY = {
         ("ICL K=0", r"K =  0: transformer ([\d.]+%)"),
         ("K=1", r"K =  1: transformer ([\d.]+%)"),
         ("K=16", r"K = 16: transformer ([\d.]+%)"),
-        ("least rise with K", _least_drop(r"K = +\d+: transformer ([\d.]+)%")),
+        ("least rise with K", _least_step(r"K = +\d+: transformer ([\d.]+)%", +1)),
         ("baseline K=0", r"K =  0: transformer [\d.]+%   nearest-centroid baseline ([\d.]+%)"),
         ("baseline K=16", r"K = 16: transformer [\d.]+%   nearest-centroid baseline ([\d.]+%)"),
         ("prompts: description, K=0", r"description +([\d.]+%)"),
