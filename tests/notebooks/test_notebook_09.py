@@ -100,7 +100,10 @@ def test_window_plus_global_matches_full_attention_at_a_fraction_of_its_cost(run
     rows = {kind: (float(ms), float(gflop), float(acc) / 100) for kind, ms, gflop, acc in re.findall(
         r"\n(full|window|window \+ global) +(\d+) +([\d.]+) +([\d.]+)%", out)}
     assert set(rows) == {"full", "window", "window + global"}
-    assert rows["full"][2] >= 0.99 and rows["window + global"][2] >= 0.99
+    # full attention ended between 93% and 100% over seeds and salts (docs/claims.md), the
+    # window with its global token at 100% on every one
+    assert rows["full"][2] >= 0.85 and rows["window + global"][2] >= 0.99
+    assert rows["window + global"][2] >= rows["full"][2] - 0.01
     assert rows["window"][2] < 0.35  # guessing the shift is right 25% of the time
     # the cost, counted: a step's operations (its time is compared in benchmarks/notebook_times.py)
     assert rows["window + global"][1] < 0.5 * rows["full"][1]
