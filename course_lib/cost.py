@@ -1,5 +1,6 @@
 """Measure the time and memory of attention as the sequence grows, and of generation with
-and without a key/value cache as the output grows."""
+and without a key/value cache as the output grows; count what each computes (floating-point
+operations, positions), the cost that a busy machine cannot bend."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from torch import Tensor
 from .attention import scaled_dot_product_attention
 from .device import torch_threads
 
-__all__ = ["attention_cost", "compare_attention", "compare_generation", "loglog_slope", "largest_tensor_bytes"]
+__all__ = ["attention_cost", "compare_attention", "compare_generation", "count_flops", "count_operations",
+           "loglog_slope", "largest_tensor_bytes"]
 
 
 def _sync(device: torch.device) -> None:
@@ -80,15 +82,17 @@ def compare_attention(
     """Time and memory of several attention functions ``f(q, k, v) -> out`` as T grows.
 
     Inputs are ``(1, heads, T, d_k)``. For each method and length: the best of a few runs
-    (as :func:`attention_cost`) and the bytes of the largest tensor it creates
-    (:func:`largest_tensor_bytes`, the score matrix for full attention). A method whose
-    run at some length took more than ``max_seconds`` is not timed at longer lengths.
-    Returns ``{name: {"T": [...], "seconds": [...], "largest_bytes": [...]}}``.
+    (as :func:`attention_cost`), the bytes of the largest tensor it creates
+    (:func:`largest_tensor_bytes`, the score matrix for full attention) and the
+    floating-point operations it computes (:func:`count_flops`: counted, the same on any
+    machine). A method whose run at some length took more than ``max_seconds`` is not timed
+    at longer lengths. Returns ``{name: {"T": [...], "seconds": [...], "largest_bytes":
+    [...], "flops": [...]}}``.
     """
     from tqdm.auto import tqdm
 
     device = torch.device(device)
-    results = {name: {"T": [], "seconds": [], "largest_bytes": []} for name in methods}
+    results = {name: {"T": [], "seconds": [], "largest_bytes": [], "flops": []} for name in methods}
     g = torch.Generator().manual_seed(0)
     with torch_threads(threads if device.type == "cpu" else None), torch.no_grad():
         for T in tqdm(lengths, desc="sequence lengths", disable=not progress):
@@ -97,7 +101,9 @@ def compare_attention(
                 r = results[name]
                 if r["seconds"] and r["seconds"][-1] > max_seconds:
                     continue  # too slow already: the next length would only be slower
-                r["largest_bytes"].append(largest_tensor_bytes(lambda: attend(q, k, v)))  # also the warm-up
+                flops = []  # counted during the same run as the largest tensor, which is also the warm-up
+                r["largest_bytes"].append(largest_tensor_bytes(lambda: flops.append(count_flops(lambda: attend(q, k, v)))))
+                r["flops"].append(flops[0])
                 best, spent, runs = float("inf"), 0.0, 0
                 while runs < 2 or (spent < 0.1 and runs < 20):
                     runs += 1
@@ -121,26 +127,44 @@ def compare_generation(
     progress: bool = True,
 ) -> dict[str, list]:
     """Time several generation functions ``f(model, prompt, n, generator=...) -> (B, T0 + n)``
-    for each count of new tokens, and check that they write the same tokens.
+    for each count of new tokens, count the positions the model computed for each, and check
+    that they write the same tokens.
 
     Every method gets the same seeded generator for a given ``n`` (so sampling draws the
     same numbers), and runs on ``num_threads`` CPU threads (``"auto"``: one for a small
-    model, :func:`course_lib.device.threads_for`). Returns ``{"new_tokens": [...],
-    "seconds": {name: [...]}, "same": [...]}``, where ``same[i]`` says whether every method
-    wrote exactly the first method's tokens for ``new_tokens[i]``.
+    model, :func:`course_lib.device.threads_for`). ``positions`` counts, per sequence, the
+    token positions passed to ``model`` over all its calls: the work of generation, counted
+    rather than timed (without a cache step ``i`` passes all ``T0 + i`` positions, with one
+    a single position). Returns ``{"new_tokens": [...], "seconds": {name: [...]},
+    "positions": {name: [...]}, "same": [...]}``, where ``same[i]`` says whether every
+    method wrote exactly the first method's tokens for ``new_tokens[i]``.
     """
     from tqdm.auto import tqdm
 
-    result: dict = {"new_tokens": [], "seconds": {name: [] for name in methods}, "same": []}
-    with torch_threads(num_threads, model):
-        for n in tqdm(list(new_tokens), desc="generation lengths", disable=not progress):
-            outputs = []
-            for name, generate_fn in methods.items():
-                start = time.perf_counter()
-                outputs.append(generate_fn(model, prompt, n, generator=torch.Generator().manual_seed(n)))
-                result["seconds"][name].append(time.perf_counter() - start)
-            result["new_tokens"].append(int(n))
-            result["same"].append(all(torch.equal(outputs[0], out) for out in outputs[1:]))
+    result: dict = {"new_tokens": [], "seconds": {name: [] for name in methods},
+                    "positions": {name: [] for name in methods}, "same": []}
+    passed = [0]
+
+    def count(module, args, kwargs) -> None:
+        tokens = args[0] if args else next(iter(kwargs.values()), None)
+        if isinstance(tokens, Tensor) and tokens.dim() >= 1:
+            passed[0] += tokens.size(-1)
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        with torch_threads(num_threads, model):
+            for n in tqdm(list(new_tokens), desc="generation lengths", disable=not progress):
+                outputs = []
+                for name, generate_fn in methods.items():
+                    passed[0] = 0
+                    start = time.perf_counter()
+                    outputs.append(generate_fn(model, prompt, n, generator=torch.Generator().manual_seed(n)))
+                    result["seconds"][name].append(time.perf_counter() - start)
+                    result["positions"][name].append(passed[0])
+                result["new_tokens"].append(int(n))
+                result["same"].append(all(torch.equal(outputs[0], out) for out in outputs[1:]))
+    finally:
+        hook.remove()
     return result
 
 
@@ -153,6 +177,57 @@ def loglog_slope(x: Sequence[float], y: Sequence[float], last: int = 3) -> float
     ly = torch.tensor(y[-last:], dtype=torch.float64).log()
     lx, ly = lx - lx.mean(), ly - ly.mean()
     return float((lx * ly).sum() / (lx * lx).sum())
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Floating-point operations of the matrix products and attention kernels that ``fn()``
+    runs, counted by PyTorch's ``FlopCounterMode`` (2 per multiply-add; element-wise work
+    such as the softmax is not counted). PyTorch's fused attention on the CPU, which that
+    counter leaves out, is counted as its kernels on a GPU are: ``2·T_q·T_k·(d_k + d_v)`` per
+    head forward, the scores recomputed and four products backward. A count, not a time:
+    the same on any machine, however busy."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+    cpu_kernels = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops,
+                   aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward_flops}
+    with FlopCounterMode(display=False, custom_mapping=cpu_kernels) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def count_operations(fn: Callable[[], object]) -> int:
+    """How many PyTorch operations (each a kernel call: a product, an addition, a ``tanh``,
+    a slice) ``fn()`` runs: a loop of ``T`` dependent steps runs ``T`` times as many as one
+    batched expression of the same arithmetic. A count, not a time."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return calls[0]
+
+
+def _sdpa_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    """``q (B, H, T_q, d_k)``, ``k (B, H, T_k, d_k)``, ``v (B, H, T_k, d_v)``: the scores
+    ``q kᵀ`` and the output ``weights v``, 2 operations per multiply-add."""
+    b, h, t_q, d_k = q_shape
+    t_k, d_v = k_shape[-2], v_shape[-1]
+    return 2 * b * h * t_q * t_k * (d_k + d_v)
+
+
+def _sdpa_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    """The backward pass: scores recomputed (``q kᵀ``), the gradients of the weights
+    (``grad vᵀ``), of ``v`` (``weightsᵀ grad``), of ``q`` and of ``k`` (a product each)."""
+    b, h, t_q, d_k = q_shape
+    t_k, d_v = k_shape[-2], v_shape[-1]
+    return 2 * b * h * t_q * t_k * (3 * d_k + 2 * d_v)
 
 
 def largest_tensor_bytes(fn: Callable[[], object]) -> int:

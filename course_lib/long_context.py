@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cost import count_flops
 from .efficient_attention import local_global_attention, sliding_window_attention
 from .synthetic_tasks import IGNORE_INDEX, shift_by_first_batch
 from .training import TrainHistory, train
@@ -66,8 +67,10 @@ class LongContextModel(nn.Module):
 @dataclass
 class LongContextRun:
     """One trained :class:`LongContextModel`: ``seconds_per_step`` is the wall time of one
-    training step at ``long_T`` (forward, backward, update), ``accuracy`` the share of
-    positions answered right on fresh inputs of ``long_T`` tokens."""
+    training step at ``long_T`` (forward, backward, update), ``flops_per_step`` the
+    floating-point operations of its forward and backward pass, counted
+    (:func:`course_lib.cost.count_flops`), ``accuracy`` the share of positions answered
+    right on fresh inputs of ``long_T`` tokens."""
 
     attention: str
     model: LongContextModel
@@ -75,6 +78,7 @@ class LongContextRun:
     long: TrainHistory
     long_T: int
     seconds_per_step: float
+    flops_per_step: int
     accuracy: float
 
 
@@ -110,5 +114,8 @@ def train_long_context(attention: str, long_T: int = 1024, short_T: int = 64, sh
     long_batch = max(1, batch_size // 4)
     long = train(model, lambda step: shift_by_first_batch(long_batch, long_T, generator=data), loss_fn,
                  long_steps, optimizer=optimizer, progress=progress, desc=f"{attention}: T={long_T}")
-    return LongContextRun(attention, model, short, long, long_T, long.seconds / max(long_steps, 1),
+    step = shift_by_first_batch(long_batch, long_T, generator=torch.Generator().manual_seed(seed + 2))
+    flops = count_flops(lambda: loss_fn(model, step).backward())  # one step's forward and backward, counted
+    model.zero_grad(set_to_none=True)
+    return LongContextRun(attention, model, short, long, long_T, long.seconds / max(long_steps, 1), flops,
                           shift_accuracy(model, long_T))

@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from .cost import count_flops, count_operations
 from .device import torch_threads
 
 __all__ = [
@@ -107,11 +108,17 @@ def random_rnn_weights(input_size: int, hidden_size: int, radius: float, seed: i
 def time_recurrence(lengths: Sequence[int], batch_size: int = 1, hidden_size: int = 128,
                     repeats: int = 5, seed: int = 0, num_threads: int | None = 1) -> dict[str, list[float]]:
     """Median wall time (seconds) of the sequential RNN loop and of one batched matrix
-    product over all positions (what a layer without recurrence can do), per length.
+    product over all positions (what a layer without recurrence can do), per length, and
+    what each computes, counted (the same on any machine): its floating-point operations
+    (:func:`course_lib.cost.count_flops`, equal for both) and the PyTorch operations it runs
+    one after another (:func:`course_lib.cost.count_operations`: a few per step for the
+    loop, a few in all for the product).
 
     Both run with ``num_threads`` CPU threads (restored afterwards; ``None`` keeps the
     current setting), so that the comparison measures the dependency between steps,
-    not the number of cores. Returns ``{"length": [...], "sequential": [...], "parallel": [...]}``.
+    not the number of cores. Returns ``{"length": [...], "sequential": [...], "parallel":
+    [...], "sequential_flops": [...], "parallel_flops": [...], "sequential_operations":
+    [...], "parallel_operations": [...]}``.
     """
     with torch_threads(num_threads):
         return _time_recurrence(lengths, batch_size, hidden_size, repeats, seed)
@@ -123,22 +130,26 @@ def _time_recurrence(lengths: Sequence[int], batch_size: int, hidden_size: int, 
     W = {"W_xh": torch.randn(hidden_size, hidden_size, generator=g) / hidden_size ** 0.5,
          "W_hh": torch.randn(hidden_size, hidden_size, generator=g) / hidden_size ** 0.5,
          "b_h": torch.zeros(hidden_size)}
-    out: dict[str, list[float]] = {"length": [], "sequential": [], "parallel": []}
+    keys = ("length", "sequential", "parallel", "sequential_flops", "parallel_flops", "sequential_operations",
+            "parallel_operations")
+    out: dict[str, list[float]] = {key: [] for key in keys}
     with torch.no_grad():
         for T in lengths:
             X = torch.randn(batch_size, T, hidden_size, generator=g)
             h0 = torch.zeros(batch_size, hidden_size)
-            seq, par = [], []
+            methods = {"sequential": lambda: rnn_forward(X, h0, **W),
+                       "parallel": lambda: torch.tanh(X @ W["W_xh"].T + X @ W["W_hh"].T + W["b_h"])}
+            times: dict[str, list[float]] = {name: [] for name in methods}
             for _ in range(repeats):
-                start = time.perf_counter()
-                rnn_forward(X, h0, **W)
-                seq.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                torch.tanh(X @ W["W_xh"].T + X @ W["W_hh"].T + W["b_h"])
-                par.append(time.perf_counter() - start)
+                for name, run in methods.items():
+                    start = time.perf_counter()
+                    run()
+                    times[name].append(time.perf_counter() - start)
             out["length"].append(T)
-            out["sequential"].append(sorted(seq)[len(seq) // 2])
-            out["parallel"].append(sorted(par)[len(par) // 2])
+            for name, run in methods.items():
+                out[name].append(sorted(times[name])[len(times[name]) // 2])
+                out[f"{name}_flops"].append(count_flops(run))
+                out[f"{name}_operations"].append(count_operations(run))
     return out
 
 

@@ -65,6 +65,9 @@ class TinyTransformer(nn.Module):
     - ``pool``: ``None`` for one prediction per position ``(B, T, C)``, ``"max"`` or ``"mean"``
       for one per sequence ``(B, C)`` (padding excluded).
     - ``causal``: every position attends only to itself and earlier positions.
+    - ``window``: every position attends only to the keys within that distance
+      (``|i − j| ≤ window``), whatever the length: with ``positions="relative"`` and
+      ``window = max_distance`` a position sees exactly the distances it has embeddings for.
 
     ``forward(tokens (B, T), lengths=None, need_weights=False, attn_mask=None)``;
     ``lengths (B,)`` marks the real tokens of padded rows; ``attn_mask`` (boolean, broadcast
@@ -77,15 +80,17 @@ class TinyTransformer(nn.Module):
                  num_layers: int = 1, d_ff: int | None = None, positions: str = "learned", max_len: int = 64,
                  max_distance: int = 4, pool: str | None = None, causal: bool = False,
                  attention: type[nn.Module] = MultiHeadAttention,
-                 relative: type[nn.Module] = RelativeSelfAttention) -> None:
+                 relative: type[nn.Module] = RelativeSelfAttention, window: int | None = None) -> None:
         super().__init__()
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        if window is not None and window < 0:
+            raise ValueError(f"window must be >= 0, got {window}")
         if pool not in (None, "max", "mean"):
             raise ValueError(f"pool must be None, 'max' or 'mean', got {pool!r}")
         if positions in ("relative", "rotary") and num_heads != 1:
             raise ValueError(f"{positions} attention here has a single head; use num_heads=1")
-        self.positions, self.pool, self.causal = positions, pool, causal
+        self.positions, self.pool, self.causal, self.window = positions, pool, causal, window
         self.embed = nn.Embedding(vocab_size, d_model)
         self.pos = {"sinusoidal": lambda: SinusoidalPositionalEncoding(d_model),
                     "learned": lambda: LearnedPositionalEmbedding(max_len, d_model)}.get(positions, lambda: None)()
@@ -114,6 +119,10 @@ class TinyTransformer(nn.Module):
         if self.pos is not None:
             x = self.pos(x)
         mask = causal_mask(T, device=tokens.device) if self.causal else None
+        if self.window is not None:
+            distance = torch.arange(T, device=tokens.device)
+            band = (distance[:, None] - distance[None, :]).abs() <= self.window  # (T, T)
+            mask = band if mask is None else mask & band
         real = None
         if lengths is not None:
             real = torch.arange(T, device=tokens.device)[None, :] < lengths.to(tokens.device)[:, None]  # (B, T)

@@ -5,21 +5,27 @@
   own may sit under a folder only its owner can enter, e.g. pyenv in ``/root``);
 - :func:`make_env`: a virtual environment of that Python holding this virtualenv's pinned
   packages (hard links: seconds, no download), with or without the course's own code
-  (``course_lib`` and ``autograder`` from this checkout);
+  (``course_lib`` and ``autograder`` from this checkout), readable by every account wherever
+  the checkout lies (a clone in a folder only its owner may enter, made under umask 077);
+- :func:`shared_folder`: a new folder every account can enter, for what they need to reach;
 - :class:`Accounts`: Unix accounts made with ``useradd`` (a password each, a private home),
   removed with ``userdel`` afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 VENV = Path(sys.prefix)
@@ -56,9 +62,43 @@ def runnable_python() -> tuple[str | None, str]:
     return None, f"no Python 3.11 that an unprivileged account can run (tried {', '.join(candidates)})"
 
 
+def shared_folder(prefix: str) -> Path:
+    """A new folder (mode 755) in the system's temporary folder, for what other accounts must
+    reach. Raises :class:`Unreachable` where that lies under a folder they cannot enter."""
+    top = Path(tempfile.mkdtemp(prefix=prefix))
+    top.chmod(0o755)
+    closed = [str(p) for p in [top, *top.parents] if not os.stat(p).st_mode & 0o001]
+    if closed:
+        shutil.rmtree(top, ignore_errors=True)
+        raise Unreachable(f"other accounts cannot enter {closed[-1]}, where the temporary folder "
+                          f"{tempfile.gettempdir()} lies: set TMPDIR to a folder they can enter (TMPDIR=/tmp)")
+    return top
+
+
+class Unreachable(RuntimeError):
+    """What other accounts need cannot be placed where they can reach it (the message says what to change)."""
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """Create files with ``umask(mask)`` in the block (this process and what it starts)."""
+    before = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
+def _readable_by_all(mode: int) -> bool:
+    """Whether a file of ``mode`` can be read (and, where anyone may run it, run) by every account."""
+    return bool(mode & 0o004) and (not mode & 0o111 or bool(mode & 0o001))
+
+
 def _link_tree(src: Path, dest: Path, skip=lambda name: False) -> None:
-    """Hard-link every file of ``src`` into ``dest`` (folders made anew, so that a file written
-    into ``dest`` later never touches ``src``); copy it where ``dest`` is on another file system."""
+    """Hard-link every file of ``src`` into ``dest`` (folders made anew, mode 755, so that a file
+    written into ``dest`` later never touches ``src``); copy it where ``dest`` is on another file
+    system, or where other accounts may not read it (a checkout made under umask 077), the copy
+    readable by all."""
     for top, dirs, files in os.walk(src):
         rel = Path(top).relative_to(src)
         if rel.parts and skip(rel.parts[0]):
@@ -66,24 +106,37 @@ def _link_tree(src: Path, dest: Path, skip=lambda name: False) -> None:
             continue
         dirs[:] = [d for d in dirs if not (not rel.parts and skip(d)) and d != "__pycache__"]
         (dest / rel).mkdir(parents=True, exist_ok=True)
+        (dest / rel).chmod(0o755)
         for name in files:
             if not rel.parts and skip(name):
                 continue
-            target = dest / rel / name
-            if not target.exists():
+            source, target = Path(top) / name, dest / rel / name
+            if target.exists():
+                continue
+            mode = os.lstat(source).st_mode
+            if stat.S_ISLNK(mode) or _readable_by_all(mode):
                 try:
-                    os.link(Path(top) / name, target)
+                    os.link(source, target, follow_symlinks=False)
+                    continue
                 except OSError as exc:  # another file system (EXDEV; /tmp on tmpfs): a copy
                     if exc.errno not in (errno.EXDEV, errno.EPERM):
                         raise
-                    shutil.copy2(Path(top) / name, target)
+            shutil.copy2(source, target, follow_symlinks=False)
+            if not stat.S_ISLNK(mode):
+                target.chmod(0o755 if mode & 0o111 else 0o644)
 
 
 def make_env(dest: Path, python: str, course_code: bool) -> Path:
     """A virtual environment at ``dest`` made by ``python``, with this virtualenv's packages and
     Jupyter data and configuration; with ``course_code`` also the course's own code (as the
     grader's checkout has it), without it nothing of the course (a student's environment
-    installs the student edition into it). Returns its python."""
+    installs the student edition into it). Returns its python. Every account may read and
+    run it (its folders 755, whatever this process's umask)."""
+    with umask(0o022):
+        return _make_env(dest, python, course_code)
+
+
+def _make_env(dest: Path, python: str, course_code: bool) -> Path:
     subprocess.run([python, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=120)
     site = dest / SITE_REL
     _link_tree(SITE, site, skip=lambda name: not course_code and name.startswith(EDITABLE))

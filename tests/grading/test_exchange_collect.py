@@ -4,7 +4,9 @@ every rule of the intake, the account that wrote them checked against the id in 
 folder's name, and dated by the file system, never by the name the student's process wrote.
 
 The students here are real accounts of the system (``daemon``, ``bin``) running nbgrader's
-own submit; the tests need root (to act as them) and are skipped otherwise."""
+own submit, from a virtual environment made for them in a folder they can reach (this
+checkout's own may lie in a folder only its owner may enter); the tests need root (to act as
+them) and are skipped otherwise."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,32 +25,59 @@ import pytest
 
 from autograder.collect import collect_exchange, exchange_inbound
 from autograder.course import Course, CourseError
-from hubtools import SITE, can_act_as_others, runnable_python
+from hubtools import Unreachable, can_act_as_others, make_env, runnable_python, shared_folder, umask
 
 REPO = Path(__file__).resolve().parents[2]
 A = "03_self_attention"
 COURSE_ID = "attention-workbook"
 ALICE, BOB = "daemon", "bin"  # two accounts every Debian system has, standing in for two students
 
-PYTHON, WHY_NOT = runnable_python() if not can_act_as_others() else (None, can_act_as_others())
-pytestmark = pytest.mark.skipif(PYTHON is None, reason=WHY_NOT or "")
+PYTHON_311, WHY_NOT = runnable_python() if not can_act_as_others() else (None, can_act_as_others())
+pytestmark = pytest.mark.skipif(PYTHON_311 is None, reason=WHY_NOT or "")
+PYTHON = ""  # the students' environment's python (students_env)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def students_env():
+    """The students' virtual environment (this virtualenv's packages, nbgrader among them) in a
+    folder every account can enter, as a hub's is: the one of this checkout may lie where
+    only its owner may go (a clone in ``mktemp -d``, a home of mode 750)."""
+    global PYTHON
+    try:
+        top = shared_folder("workbook-exchange-env-")
+    except Unreachable as exc:
+        pytest.skip(str(exc))
+    try:
+        PYTHON = str(make_env(top / "env", PYTHON_311, course_code=False))
+        yield PYTHON
+    finally:
+        PYTHON = ""
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def _run_as(account: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``python ARGS`` as ``account``, with this virtualenv's packages (nbgrader)."""
+    """``python ARGS`` as ``account``, in the students' environment (nbgrader)."""
     entry = pwd.getpwnam(account)
     return subprocess.run([PYTHON, *args], cwd=cwd, user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8", "PYTHONPATH": str(SITE)},
+                          env={"PATH": f"{Path(PYTHON).parent}:/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8"},
                           capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
 def hub(monkeypatch):
     """An exchange as a hub has it (its root world-writable and sticky, the course's folder the
-    instructor's), notebook 03 released into it, and a home for each student."""
-    top = Path(tempfile.mkdtemp(prefix="workbook-exchange-"))
+    instructor's), notebook 03 released into it, and a home for each student (made with umask
+    022, as an administrator's, whatever this process's)."""
+    with umask(0o022):
+        yield from _hub(monkeypatch)
+
+
+def _hub(monkeypatch):
     try:
-        top.chmod(0o755)
+        top = shared_folder("workbook-exchange-")
+    except Unreachable as exc:
+        pytest.skip(str(exc))
+    try:
         exchange = top / "exchange"
         exchange.mkdir(mode=0o1777)
         exchange.chmod(0o1777)

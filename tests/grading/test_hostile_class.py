@@ -1340,11 +1340,14 @@ def test_system_attack_is_recorded_with_its_kind(hostile, student):
 
 
 def test_chatty_cell_is_stopped_at_its_time_limit(hostile):
-    """A cell that keeps the channel busy is stopped at cell_timeout + grace, not at the
-    notebook's hard limit (the shared run: 60 s per cell)."""
-    record = _report(hostile["course"], SYSTEM, "h_sys_chatty")
-    baseline = _report(hostile["course"], SYSTEM, "h_baseline")
-    assert record["seconds"] < baseline["seconds"] + 60 + 10 + 45, record["seconds"]
+    """A cell that keeps the channel busy and swallows the interrupt is stopped by the grader
+    at cell_timeout + grace (the shared run: 60 s per cell), not at the notebook's limit (400 s),
+    nor left to end by itself (after 150 s, which the runner would report as "interrupted")."""
+    problems = _report(hostile["course"], SYSTEM, "h_sys_chatty")["problems"]
+    stopped = [p for p in problems if p["kind"] == "cell_timeout"]
+    assert stopped and all("did not stop when interrupted" in p["message"] for p in stopped), problems
+    assert "the cell ran longer than the 60 s limit" in stopped[0]["message"], problems
+    assert not {"notebook_timeout", "worker_crash"} & {p["kind"] for p in problems}, problems
 
 
 # ---------------------------------------------------------------------------
@@ -1595,13 +1598,14 @@ def test_killing_autograde_keeps_what_was_graded_and_leaves_nothing_running():
         proc.wait()
         proc.stdout.close()
         killed_at = time.monotonic()
-        # nothing of the grading survives its parent
-        while _alive(tree) and time.monotonic() - killed_at < 10:
+        # nothing of the grading survives its parent (a grace for the kernel to tear the
+        # processes down, ample on a busy machine: the wait ends as soon as they are gone)
+        while _alive(tree) and time.monotonic() - killed_at < 30:
             time.sleep(0.2)
         assert not _alive(tree), [Path(f"/proc/{p}/cmdline").read_bytes() for p in _alive(tree)]
         # the next job's sandbox may start between the last look at the tree and the kill: it
-        # gets the same 10 s to be torn down (the CI run at 9633d8e saw one 0 s after)
-        survivors = _survivors(wait=10, markers=(str(course.root),), mine=(str(course.root),))
+        # gets the same grace to be torn down (the CI run at 9633d8e saw one 0 s after)
+        survivors = _survivors(wait=30, markers=(str(course.root),), mine=(str(course.root),))
         assert not survivors, f"a sandbox survived: {survivors}"
         # what was graded before the kill is complete: report, autograded notebook, gradebook row
         done = sorted(p.stem for p in reports.glob("*.json"))

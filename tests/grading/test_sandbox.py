@@ -173,9 +173,12 @@ def test_the_cli_refuses_without_a_sandbox_and_names_the_escape_hatch(tmp_path):
     assert "bubblewrap" in proc.stderr and "--unsafe-no-sandbox" in proc.stderr
 
 
+@pytest.mark.timeout(600)  # a guard against a grader that never returns, not a measure of its speed
 def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_path):
     """A cell that ignores interrupts and keeps the grader's socket busy with messages is
-    stopped at the notebook's time limit (the deadlines are checked on every message)."""
+    stopped at the notebook's time limit (the deadlines are checked on every message): the
+    grader records that it stopped the notebook there, before the flood would have ended by
+    itself (after 120 s, with a line of its own)."""
     flood = nbformat.v4.new_code_cell(
         "import signal, struct, time, workbook_runner\n"
         "from course_lib.grading.wire import encode\n"
@@ -184,12 +187,15 @@ def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_pat
         "burst = (struct.pack('<I', len(frame)) + frame) * 2000\n"
         "t = time.time()\n"
         "while time.time() - t < 120:\n"
-        "    workbook_runner._CHANNEL.sock.sendall(burst)\n")
+        "    workbook_runner._CHANNEL.sock.sendall(burst)\n"
+        "print('the flood ended by itself')\n")
     nb = nbformat.v4.new_notebook(cells=[flood])
     copy = build_course_copy(tmp_path / "course", [])
+    # the notebook's limit (10 s from the start) comes before the cell's (5 s + the grace, from the cell's start)
     limits = sandbox.Limits(cell_timeout=5, notebook_timeout=10, memory_mb=2048)
     job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {}, "extra_files": []}
-    start = time.monotonic()
     result = grade_notebook(job, copy, tmp_path / "job")
-    assert time.monotonic() - start < 60
-    assert {p["kind"] for p in result["problems"]} & {"cell_timeout", "notebook_timeout"}
+    stopped = [p for p in result["problems"] if p["kind"] == "notebook_timeout"]
+    assert stopped and "the notebook time limit (10 s) was reached" in stopped[0]["message"], result["problems"]
+    outputs = nbformat.reads(result["notebook"], as_version=4).cells[0].outputs
+    assert not any("the flood ended by itself" in o.get("text", "") for o in outputs), outputs

@@ -1,5 +1,5 @@
 """Notebooks 01 and 02: what their demonstrations must show
-(their time against the budget: benchmarks/notebook_times.py)."""
+(their time against the budget, and notebook 01's claim about time: benchmarks/notebook_times.py)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,17 @@ def test_notebook_01_shows_the_limits_of_recurrence():
     first, last = map(float, re.search(r"context readout: first 4 positions ([\d.]+)%, last 4 positions ([\d.]+)%",
                                        out).groups())
     assert last > first + 5 and last > 90, (first, last)
-    slower = [float(x) for x in re.findall(r"\(\s*([\d.]+)× slower\)", out)]
-    assert len(slower) == 4 and slower[-1] > 5
+    # the sequential bottleneck, counted (the times are compared in benchmarks/notebook_times.py):
+    # the loop runs a few operations a step, one after another, the product a few in all, for
+    # the same floating-point operations
+    rows = {int(T): (int(loop), int(product), equal) for T, loop, product, equal in re.findall(
+        r"T = +(\d+): loop .*?× slower\); +(\d+) operations in a row against (\d+), "
+        r"floating-point operations equal: (\w+)", out)}
+    assert sorted(rows) == [16, 64, 256, 1024], rows
+    assert all(equal == "True" for _, _, equal in rows.values())
+    assert len({product for _, product, _ in rows.values()}) == 1  # the same few, whatever T
+    per_step = {loop / T for T, (loop, _, _) in rows.items()}
+    assert rows[1024][0] >= 2 * 1024 and max(per_step) - min(per_step) < 0.1, rows  # T steps of the same work
     assert _images(nb) >= 5  # loss, accuracy plots, context readout, gradient norms, timing
 
 

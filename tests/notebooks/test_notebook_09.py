@@ -1,5 +1,5 @@
 """Notebook 09 (efficient attention): what its demonstrations must show.
-(Its time against its budget: benchmarks/notebook_times.py.)"""
+(Its time against its budget, and its claims about time: benchmarks/notebook_times.py.)"""
 
 from __future__ import annotations
 
@@ -23,12 +23,11 @@ def run():
 
 def test_full_attention_cost_is_quadratic(run):
     _, out = run
-    time_slope, memory_slope = map(float, re.search(rf"slope of time: {NUM}, of memory: {NUM}\n", out).groups())
-    # memory is exact; time is measured on a shared machine, where a busy neighbour bends the
-    # slope either way (2.0 quiet, 1.5 to 3.1 beside busy pytest workers): it must only be
-    # clearly steeper than linear
-    assert abs(memory_slope - 2.0) < 0.01
-    assert time_slope > 1.3
+    memory_slope, flops_slope = map(float, re.search(
+        rf"slope of time: {NUM}, of memory: {NUM}, of floating-point operations: {NUM}\n", out).groups()[1:])
+    # memory and operations are counted, the same on any machine; time is measured, and bent
+    # by whatever else runs (its slope is a claim of benchmarks/notebook_times.py, not a test)
+    assert abs(memory_slope - 2.0) < 0.01 and abs(flops_slope - 2.0) < 0.01
 
 
 def test_mask_pair_counts(run):
@@ -68,37 +67,47 @@ def test_tiled_attention_is_exact_for_every_block_and_memory_follows_the_block(r
 
 def test_methods_side_by_side(run):
     _, out = run
-    slopes = {name.strip(): (float(t), float(m)) for name, t, m in re.findall(
-        rf"\n([\w (),]+?) +slope of time {NUM}, of memory {NUM}; at T = 8192", out)}
+    slopes = {name.strip(): (float(t), float(m), float(f)) for name, t, m, f in re.findall(
+        rf"\n([\w (),]+?) +slope of time {NUM}, of memory {NUM}, of operations {NUM}; at T = 8192", out)}
     assert set(slopes) == {"full (explicit weights)", "sliding window 64", "tiled, block 256", "PyTorch fused"}
-    full_time = slopes["full (explicit weights)"][0]
-    # memory slopes are exact; time slopes are measured on a shared machine (the window's is
-    # 1.05 on a quiet one, 1.42 beside a busy pytest worker; tiling's 1.5 to 2.0), so the times
-    # are compared with each other, measured in the same run: only the window computes fewer scores
-    assert slopes["full (explicit weights)"][1] == pytest.approx(2)
-    assert slopes["sliding window 64"][1] < 1.1 and slopes["tiled, block 256"][1] < 1.1
-    assert slopes["PyTorch fused"][1] < 1.1
-    assert full_time > 1.3 and slopes["tiled, block 256"][0] > 1.3
-    assert slopes["sliding window 64"][0] < min(full_time, slopes["tiled, block 256"][0]) - 0.2
+    # memory and operations are counted; only the window computes fewer scores (its operations
+    # grow linearly), tiling and the fused kernel change the memory alone (the times, measured,
+    # are compared in benchmarks/notebook_times.py)
+    memory = {name: m for name, (_, m, _) in slopes.items()}
+    operations = {name: f for name, (_, _, f) in slopes.items()}
+    assert memory["full (explicit weights)"] == pytest.approx(2)
+    assert memory["sliding window 64"] < 1.1 and memory["tiled, block 256"] < 1.1 and memory["PyTorch fused"] < 1.1
+    assert operations["sliding window 64"] == pytest.approx(1, abs=0.02)
+    for name in ("full (explicit weights)", "tiled, block 256", "PyTorch fused"):
+        assert operations[name] == pytest.approx(2, abs=0.02), name
 
 
-def test_kv_cache_gives_the_same_tokens_faster(run):
+def test_kv_cache_gives_the_same_tokens_computing_one_position_a_step(run):
     _, out = run
-    rows = {int(n): (float(a), float(b), float(x), same) for n, a, b, x, same in re.findall(
-        rf"(\d+) new tokens: +{NUM} s without a cache, +{NUM} s with one: +{NUM}x faster, same tokens: (\w+)", out)}
+    rows = {int(n): (int(slow), int(fast), same) for n, _, _, _, slow, fast, same in re.findall(
+        rf"(\d+) new tokens: +{NUM} s without a cache, +{NUM} s with one: +{NUM}x faster; "
+        r"positions computed +(\d+) and +(\d+), same tokens: (\w+)", out)}
     assert sorted(rows) == [32, 64, 128, 256]
-    assert all(r[3] == "True" for r in rows.values())
-    assert rows[256][2] >= 5.0 and rows[256][2] > rows[32][2]
+    assert all(same == "True" for _, _, same in rows.values())
+    prompt = 16
+    for n, (slow, fast, _) in rows.items():
+        assert slow == sum(prompt + i for i in range(n))  # every step recomputes every position: quadratic
+        assert fast == prompt + n - 1  # the prompt once, then one position a step: linear
 
 
 def test_window_plus_global_matches_full_attention_at_a_fraction_of_its_cost(run):
     _, out = run
-    rows = {kind: (float(ms), float(acc) / 100) for kind, ms, acc in re.findall(
-        r"\n(full|window|window \+ global) +(\d+) +([\d.]+)%", out)}
+    rows = {kind: (float(ms), float(gflop), float(acc) / 100) for kind, ms, gflop, acc in re.findall(
+        r"\n(full|window|window \+ global) +(\d+) +([\d.]+) +([\d.]+)%", out)}
     assert set(rows) == {"full", "window", "window + global"}
-    assert rows["full"][1] >= 0.99 and rows["window + global"][1] >= 0.99
-    assert rows["window"][1] < 0.35  # guessing the shift is right 25% of the time
-    assert rows["window + global"][0] < 0.5 * rows["full"][0]
+    # full attention ended between 93% and 100% over seeds and salts (docs/claims.md), the
+    # window with its global token at 100% on every one
+    assert rows["full"][2] >= 0.85 and rows["window + global"][2] >= 0.99
+    assert rows["window + global"][2] >= rows["full"][2] - 0.01
+    assert rows["window"][2] < 0.35  # guessing the shift is right 25% of the time
+    # the cost, counted: a step's operations (its time is compared in benchmarks/notebook_times.py)
+    assert rows["window + global"][1] < 0.5 * rows["full"][1]
+    assert rows["window"][1] <= rows["window + global"][1]
 
 
 def test_performer_error_and_low_rank(run):

@@ -121,8 +121,11 @@ def test_compare_attention_records_time_and_the_largest_tensor():
         _time.sleep(0.03)
         return v
 
-    r = compare_attention({"full": lambda q, k, v: scaled_dot_product_attention(q, k, v)[0], "slow": slow},
-                          [16, 32, 64], d_k=8, heads=2, max_seconds=0.01, progress=False)
+    r = compare_attention({"full": lambda q, k, v: scaled_dot_product_attention(q, k, v)[0]},
+                          [16, 32, 64], d_k=8, heads=2, max_seconds=3600, progress=False)
     assert r["full"]["T"] == [16, 32, 64] and all(s > 0 for s in r["full"]["seconds"])
     assert r["full"]["largest_bytes"] == [2 * T * T * 4 for T in (16, 32, 64)]  # the (1, heads, T, T) weights
-    assert r["slow"]["T"] == [16]  # over max_seconds at the first length: not timed again
+    # counted: q kᵀ and weights v, 2 heads of T x T x 8 multiply-adds each, 2 operations apiece
+    assert r["full"]["flops"] == [2 * 2 * (2 * T * T * 8) for T in (16, 32, 64)]
+    r = compare_attention({"slow": slow}, [16, 32, 64], d_k=8, heads=2, max_seconds=0.01, progress=False)
+    assert r["slow"]["T"] == [16]  # over max_seconds at the first length (it sleeps 0.03 s): not timed again

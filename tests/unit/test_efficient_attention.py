@@ -158,6 +158,11 @@ def test_compare_generation_times_each_method_and_tells_different_tokens_apart()
     assert runs["new_tokens"] == [0, 4, 7] and runs["same"] == [True, False, False]
     assert set(runs["seconds"]) == {"generate", "cached", "shifted"}
     assert all(len(t) == 3 and all(s > 0 for s in t) for t in runs["seconds"].values())
+    # positions the model computed, counted: every step recomputes the whole sequence without a
+    # cache (3 + i positions at step i), one position a step after the prompt with one
+    assert runs["positions"]["generate"] == runs["positions"]["shifted"] == [sum(3 + i for i in range(n))
+                                                                             for n in (0, 4, 7)]
+    assert runs["positions"]["cached"] == [0, 3 + 3, 3 + 6]
     alike = compare_generation({"generate": lambda m, idx, n, generator=None: generate(m, idx, n, 1.0, None, generator),
                                 "cached": lambda m, idx, n, generator=None: cached_generate(m, idx, n, 1.0, None,
                                                                                            generator)},
@@ -280,4 +285,8 @@ def test_long_context_model_heads_and_two_stage_training():
                              batch_size=8, progress=False)
     assert run.short.steps == 3 and run.long.steps == 2 and run.long_T == 96
     assert run.seconds_per_step > 0 and 0.0 <= run.accuracy <= 1.0
+    full = train_long_context("full", long_T=96, short_T=32, short_steps=1, long_steps=1, batch_size=8,
+                              progress=False)
+    # a step's operations, counted: the window and one global token score fewer pairs than all T x T
+    assert 0 < run.flops_per_step < full.flops_per_step
     assert run.accuracy == shift_accuracy(run.model, 96)  # fresh inputs, the same every time

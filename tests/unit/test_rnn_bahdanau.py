@@ -84,9 +84,15 @@ def test_spectral_radius_controls_vanishing_and_exploding():
     assert small[0] < 1e-6 < large[0] / 100
 
 
-def test_time_recurrence_reports_both_timings():
+def test_time_recurrence_reports_both_timings_and_counts_what_each_computes():
     out = rnn.time_recurrence([4, 16], batch_size=2, hidden_size=8, repeats=1)
     assert out["length"] == [4, 16] and all(t > 0 for t in out["sequential"] + out["parallel"])
+    # the same arithmetic: two (B, H) x (H, H) products per position, 2 operations a multiply-add
+    assert out["sequential_flops"] == out["parallel_flops"] == [2 * 2 * T * 2 * 8 * 8 for T in (4, 16)]
+    # the loop runs the same few operations at every step, one after another; the product a few in all
+    per_step = [(b - a) / 12 for a, b in [out["sequential_operations"]]]
+    assert per_step[0] >= 2 and out["sequential_operations"][0] == 4 * per_step[0] + 1
+    assert out["parallel_operations"][0] == out["parallel_operations"][1] < per_step[0] * 4
 
 
 @pytest.mark.parametrize("device", devices())

@@ -70,6 +70,17 @@ def test_tiny_transformer_shapes_masks_and_pooling():
     window = (torch.arange(6)[:, None] - torch.arange(6)[None, :]) < 2
     _, w = m(x, attn_mask=window, need_weights=True)
     assert bool((w[0][..., ~(window & torch.ones(6, 6, dtype=torch.bool).tril())] == 0).all())
+    # window: each position sees the keys within that distance, at any length; with relative
+    # positions clipped at the same distance a token's output does not depend on the length
+    m = TinyTransformer(10, 3, d_model=8, num_heads=1, positions="relative", max_distance=2, window=2).eval()
+    for T in (5, 9):
+        _, w = m(torch.randint(0, 10, (2, T)), need_weights=True)
+        far = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs() > 2
+        assert bool((w[0][..., far] == 0).all()) and bool((w[0][..., ~far] > 0).all())
+    x = torch.randint(0, 10, (1, 9))
+    torch.testing.assert_close(m(x)[:, :4], m(x[:, :7])[:, :4])  # positions 0-3 see the same keys in both
+    with pytest.raises(ValueError, match="window"):
+        TinyTransformer(10, 3, window=-1)
     with pytest.raises(ValueError, match="single head"):
         TinyTransformer(10, 3, d_model=8, num_heads=2, positions="relative")
     with pytest.raises(ValueError, match="positions"):

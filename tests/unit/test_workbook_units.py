@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -182,18 +181,18 @@ def test_read_submission_reasons(tmp_path):
 
 # -- the worker pool: handlers must be importable by spawned workers -------------
 
+@pytest.mark.timeout(300)  # a guard against a pool that never returns, not a measure of its speed
 def test_pool_survives_crashes_hangs_and_errors():
     jobs = [{"job_id": i, "what": what, "x": i, "hard_timeout": 4 if what == "hang" else 60}
             for i, what in enumerate(["ok", "crash", "ok", "hang", "raise", "ok"])]
     results = {}
-    start = time.monotonic()
     with WorkerPool(2, handler) as pool:
         pool.run(jobs, lambda job, result: results.__setitem__(job["job_id"], result))
-    assert time.monotonic() - start < 30
     assert sorted(results) == list(range(6))
     assert [results[i]["value"] for i in (0, 2, 5)] == [0, 4, 10]
     assert "exit code 7" in results[1]["crash"]
-    assert results[3].get("hard_timeout") and "within 4 s" in results[3]["crash"]
+    # the hung job (its handler sleeps 60 s, then answers) was stopped by the pool at its own limit
+    assert results[3].get("hard_timeout") and "within 4 s" in results[3]["crash"] and "value" not in results[3]
     assert results[4]["crash"] == "ValueError: bad job"
 
 
