@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from .course import Course, CourseError
-from .intake import shown
+from .doors.intake import shown
 
 __all__ = ["main", "build_parser"]
 
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("autograde", help="autograde submissions in parallel")
     p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
     p.add_argument("-s", "--student", action="append", help="only this student (repeatable)")
-    # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/settings.py)
+    # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/course/settings.py)
     p.add_argument("-j", "--workers", type=_positive, help="worker processes (default: one per core)")
     p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
     p.add_argument("--notebook-timeout", type=_positive, help="seconds per notebook (default 1800)")
@@ -178,7 +178,7 @@ def _read_roster(path: str) -> set[str]:
     export (Canvas's user ids, Blackboard's usernames: what their downloads name files by)."""
     import csv
 
-    from .lms import read_roster, roster_ids
+    from .platforms.lms import read_roster, roster_ids
     try:
         roster = read_roster(path)
     except CourseError:
@@ -199,7 +199,7 @@ def _read_roster(path: str) -> set[str]:
 
 
 def _lms_export(course: Course, args: argparse.Namespace) -> int:
-    from .lms import lms_export
+    from .platforms.lms import lms_export
     explicit = {}
     for item in args.column:
         notebook, sep, header = item.partition("=")
@@ -217,7 +217,7 @@ def _lms_export(course: Course, args: argparse.Namespace) -> int:
 def _check(course: Course) -> int:
     """What `make setup` runs last: whether `workbook autograde` can seal submissions off here, and
     whether the gradebook opens; each problem with its fix."""
-    from .sandbox import SandboxUnavailable, check_available
+    from .sealing.sandbox import SandboxUnavailable, check_available
     ready = True
     try:
         print(f"sandbox: ready (bubblewrap at {check_available()})")
@@ -245,7 +245,7 @@ def _check(course: Course) -> int:
 
 
 def _release(course: Course, args: argparse.Namespace) -> int:
-    from . import release
+    from .course import release
     which = [args.assignment] if args.assignment else None
     if which and which[0] not in release.assignments(course):
         raise CourseError(f"no assignment {which[0]!r} in {course.source_dir}; known: "
@@ -258,7 +258,7 @@ def _release(course: Course, args: argparse.Namespace) -> int:
 
 
 def _collect(course: Course, args: argparse.Namespace) -> int:
-    from .collect import collect, collect_exchange
+    from .pipeline.collect import collect, collect_exchange
     roster = _read_roster(args.roster) if args.roster else None
     if args.exchange:
         clash = [flag for flag, given in (("SOURCE", args.source), ("--pattern", args.pattern),
@@ -293,12 +293,12 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
 
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
-    from .autograde import GradingOptions, Limits, autograde
-    from .sandbox import SandboxUnavailable
+    from .pipeline.autograde import GradingOptions, Limits, autograde
+    from .sealing.sandbox import SandboxUnavailable
     assignments = args.assignments or course.submitted_assignments()
     if not assignments:
         raise CourseError(f"no submissions in {course.submitted_dir}: run `workbook collect` first")
-    from .settings import workbook_settings
+    from .course.settings import workbook_settings
     settings = workbook_settings(course, workers=args.workers, cell_timeout=args.cell_timeout,
                                  notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
                                  max_output_kb=args.max_output_kb, threads=args.threads, scheduler=args.scheduler)
@@ -314,11 +314,11 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
               "written is marked unverified.", file=sys.stderr)
     else:
         try:
-            from .sandbox import check_available
+            from .sealing.sandbox import check_available
             check_available()
         except SandboxUnavailable as exc:
             raise CourseError(f"cannot grade safely: {exc}") from None
-    from .reports import check_assignments
+    from .reports.status import check_assignments
     check_assignments(course, args.assignments, released=True)
     for assignment in assignments:
         unknown = [s for s in args.student or [] if s not in course.submitted_students(assignment)]
@@ -331,8 +331,8 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
         counts = {"kept": 0, "graded": 0}
         if not args.quiet:
             from tqdm.auto import tqdm
-            from .cluster import WorkerTally
-            from .release import recorded_notebooks
+            from .pipeline.cluster import WorkerTally
+            from .course.release import recorded_notebooks
             total = len(args.student or course.submitted_students(assignment)) * \
                 len(recorded_notebooks(course, assignment))
             bar = tqdm(total=total, desc=f"autograde {assignment}", unit="notebook")
@@ -373,7 +373,7 @@ def _graded_words(reports: list[dict], counts: dict[str, int]) -> str:
 
 
 def _feedback(course: Course, args: argparse.Namespace) -> int:
-    from .feedback import generate_feedback
+    from .reports.feedback import generate_feedback
     assignments = args.assignments or sorted(p.name for p in course.reports_dir.glob("*") if p.is_dir())
     if not assignments:
         raise CourseError("nothing graded yet: run `workbook autograde` first")
@@ -388,7 +388,7 @@ def _feedback(course: Course, args: argparse.Namespace) -> int:
 
 def _due(course: Course, args: argparse.Namespace) -> int:
     from nbgrader.utils import parse_utc
-    from .reports import check_assignments
+    from .reports.status import check_assignments
     check_assignments(course, [args.assignment] if args.assignment else None)
     with course.gradebook() as gb:
         if args.date is not None:
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command not in ("formgrader", "scheduler", "worker"):  # these pass options on
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command in ("scheduler", "worker"):
-        from .cluster import exec_dask
+        from .pipeline.cluster import exec_dask
         try:
             course = (Course(args.course) if args.course else Course()).root if args.command == "worker" else None
         except (CourseError, FileNotFoundError) as exc:
@@ -424,21 +424,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         course = Course(args.course) if args.course else Course()
         if args.command not in ("gradebook", "check", "student-edition"):
-            from .migrate import check_switch
+            from .course.migrate import check_switch
             check_switch(course)  # a gradebook moved to a server, the grades left behind: say so, every time
         if args.command in ("feedback", "export", "report", "status"):
-            from .reports import check_assignments
+            from .reports.status import check_assignments
             check_assignments(course, getattr(args, "assignments", None))
         if args.command == "check":
             return _check(course)
         if args.command == "student-edition":
-            from .student_edition import write_edition
+            from .platforms.student_edition import write_edition
             for line in write_edition(course, Path(args.out)):
                 print(f"  {line}")
             print(f"student edition written to {args.out}: its README says how to start (make lab)")
             return 0
         if args.command == "gradebook":
-            from .migrate import migrate
+            from .course.migrate import migrate
             copied = migrate(course, args.source, args.target)
             print("copied " + ", ".join(f"{n} {t}" for t, n in copied.items() if n) + " into the gradebook")
             return 0
@@ -455,14 +455,14 @@ def main(argv: list[str] | None = None) -> int:
                 return _lms_export(course, args)
             if args.roster or args.column:
                 raise CourseError("--roster and --column go with an LMS --format (canvas, moodle, blackboard)")
-            from .reports import export_csv
+            from .reports.status import export_csv
             text = export_csv(course, args.output, args.assignments or None)
             print(text, end="")
             return 0
         if args.command == "due":
             return _due(course, args)
         if args.command == "gradescope":
-            from .gradescope import build
+            from .platforms.gradescope.in_container import build
             settings = build(course, args.assignment, Path(args.output), hidden=args.hidden,
                              timeout_minutes=args.timeout_minutes, memory_mb=args.memory_mb,
                              cell_timeout=args.cell_timeout)
@@ -473,17 +473,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"autograder timeout to {settings['timeout_minutes']} min and the memory as docs/gradescope.md says.")
             return 0
         if args.command == "report":
-            from .class_report import write_report
+            from .reports.class_report import write_report
             page = write_report(course, args.output, args.assignments or None, names=args.names)
             print(f"class report: {page} (data: report.json and CSV files beside it)")
             return 0
         if args.command == "formgrader":
-            from .formgrader import open_formgrader
-            from .reports import check_assignments
+            from .platforms.formgrader import open_formgrader
+            from .reports.status import check_assignments
             check_assignments(course, [args.assignment] if args.assignment else None)
             return open_formgrader(course, args.assignment, extra, hub=args.hub)
         if args.command == "status":
-            from .reports import status_table
+            from .reports.status import status_table
             print(status_table(course, args.assignments or None))
             return 0
     except (CourseError, FileNotFoundError) as exc:

@@ -28,7 +28,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.sandbox import process_tree
+from autograder.sealing.sandbox import process_tree
 
 
 

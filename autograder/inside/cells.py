@@ -1,6 +1,6 @@
 """What a notebook cell is to the grader: its nbgrader metadata, and whether it is a test
 cell (graded, not a solution). Used on both sides of the sandbox: by the runner inside it
-(autograder/inside/runner.py, which imports it as a top-level module) and by the grader outside."""
+(autograder/inside/notebook_runner.py, which imports it as a top-level module) and by the grader outside."""
 
 from __future__ import annotations
 

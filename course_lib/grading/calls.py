@@ -391,7 +391,7 @@ def unwatched() -> Iterator[None]:
 def _forbid(reference: Any, forbidden: Mapping[Any, str]) -> Iterator[list[str]]:
     """Record (in the yielded list) any call of the reference or a forbidden callable.
     (A stub standing in for the reference shares its code with every other stub: the
-    grader refuses it instead, see autograder.stubs.)"""
+    grader refuses it instead, see autograder.sealing.course_copy.)"""
     ref_codes = set() if hasattr(reference, "__workbook_reference__") else code_objects(reference)
     py_forbidden, c_forbidden = {}, {}
     for fn, reason in forbidden.items():

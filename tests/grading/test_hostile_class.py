@@ -143,7 +143,7 @@ for _name, _module in list(sys.modules.items()):
             except Exception:
                 pass
 for _fake_name in ("course_lib.grading.runner", "course_lib.grading.registry", "course_lib.grading.items",
-                   "course_lib.grading.compare", "autograder", "autograder.run", "autograder.judge"):
+                   "course_lib.grading.compare", "autograder", "autograder.pipeline.run", "autograder.pipeline.judge"):
     _fake = types.ModuleType(_fake_name)
     _fake.check = _fake.grade = _fake.judge_item = _fake.format_report = _full_marks
     _fake.describe_difference = lambda *a, **k: None
@@ -487,9 +487,9 @@ import course_lib
 base = os.path.dirname(course_lib.__file__)
 payload = "\nprint('@MARK@ planted')\nimport os; os.system('touch /tmp/@MARK@-planted')\n"
 targets = [course_lib.__file__, os.path.join(base, "attention.py"), os.path.join(base, "grading", "__init__.py"),
-           os.path.join(base, "grading", "calls.py"), "/opt/workbook/runner.py", "/opt/workbook/channel.py",
+           os.path.join(base, "grading", "calls.py"), "/opt/workbook/notebook_runner.py", "/opt/workbook/channel.py",
            "/work/main/course_lib/attention.py", "/work/main/course_lib/grading/items/self_attention.py",
-           "/work/main/course_lib/grading/compare.py", "/work/main/autograder/judge.py",
+           "/work/main/course_lib/grading/compare.py", "/work/main/autograder/pipeline/judge.py",
            "/work/main/nbgrader_config.py", "/work/main/grading/gradebook.db", "/work/main/grading/.workbook-secret",
            "/root/.ipython/profile_default/startup/00-@MARK@.py", "/root/.bashrc", "/etc/passwd",
            sys.executable, os.path.join(os.path.dirname(os.__file__), "site.py")]

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("course_lib", "autograder")
 INSIDE = ROOT / "autograder" / "inside"
 # copied into the sandbox's course_lib: they run as course_lib modules, not autograder's
-COPIED_INTO_COURSE_LIB = {"grading_init.py", "oracle_stubs.py"}
+COPIED_INTO_COURSE_LIB = {"grading_init.py", "reference_stubs.py"}
 
 
 def _module(path: Path) -> str:
@@ -139,8 +139,8 @@ def test_the_inside_package_imports_nothing_of_the_trusted_side():
 
 
 def test_the_sandbox_mounts_the_inside_folder_and_nothing_else_of_the_autograder(tmp_path, monkeypatch):
-    from autograder import sandbox
-    from autograder.run import RUNNER
+    from autograder.sealing import sandbox
+    from autograder.pipeline.run import RUNNER
 
     assert RUNNER.parent == INSIDE
     monkeypatch.setattr(sandbox, "check_available", lambda: "/usr/bin/bwrap")

@@ -16,11 +16,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.prepare import read_submission
-from autograder.release import recorded_notebooks
-from autograder.collect import collect
+from autograder.pipeline.prepare import read_submission
+from autograder.course.release import recorded_notebooks
+from autograder.pipeline.collect import collect
 from autograder.course import Course, CourseError
-from autograder.pool import WorkerPool
+from autograder.pipeline.pool import WorkerPool
 from pool_jobs import handler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -203,8 +203,8 @@ def test_pool_rejects_no_workers():
 
 
 def test_output_past_the_cell_cap_is_cut_with_one_notice_and_one_problem():
-    from autograder.sandbox import Limits
-    from autograder.run import Run
+    from autograder.sealing.sandbox import Limits
+    from autograder.pipeline.run import Run
     cells = [{"cell_type": "code", "source": "print('x' * 10**6)", "metadata": {}}]
     run = Run(cells, Limits(max_output_kb=1))
     run.current = 0
@@ -226,7 +226,7 @@ def _recorded(course: Course) -> Course:
 
 
 def test_status_shows_who_was_collected_before_anything_is_graded(course, tmp_path):
-    from autograder.reports import status_table
+    from autograder.reports.status import status_table
     _recorded(course)
     lms = tmp_path / "lms"
     lms.mkdir()
@@ -261,7 +261,7 @@ def test_formgrader_as_a_hub_service_runs_jupyterhubs_single_user_server_and_onl
     """`workbook formgrader --hub` is JupyterHub's single-user server on the course folder, with
     JupyterLab's Formgrader panel (an iframe, which JupyterHub >= 4.1 forbids) off and Formgrader's
     own page as the start page; outside a hub (no JUPYTERHUB_SERVICE_NAME) it refuses."""
-    from autograder.formgrader import CONFIG, HUB_CONFIG, formgrader_command, open_formgrader
+    from autograder.platforms.formgrader import CONFIG, HUB_CONFIG, formgrader_command, open_formgrader
 
     course = Course(Path(__file__).resolve().parents[2])
     monkeypatch.delenv("JUPYTERHUB_DEFAULT_URL", raising=False)

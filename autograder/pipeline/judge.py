@@ -1,0 +1,133 @@
+"""Judge: a notebook's answers, in the grader's process, after its sandbox is gone.
+
+:func:`judge` replays each item's plan against the answers the runner gave
+(:func:`course_lib.grading.runner.judge_item`) and assigns the points; an item whose test
+cell never ran scores 0 with the reason. :func:`assemble` writes the autograded notebook:
+the grader's report and score in each test cell, the outputs the run kept, the student's
+markdown kept as text. :func:`copies` flags code that closely matches a reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_lib.grading import get_spec
+from course_lib.grading.runner import ItemResult, SubResult, format_report, judge_item
+
+from .source_checks import find_copies, forbidden_uses
+from ..inside.cells import is_test_cell, nbgrader_meta
+from ..doors.outbound import clean_attachments, clean_markdown
+from ..course.problems import problem
+from .run import Run, Supervisor, cell_label
+
+__all__ = ["judge", "assemble", "copies", "not_checked"]
+
+
+def judge(sup: Supervisor) -> dict[str, ItemResult]:
+    """Every item's result from the answers its plan got (or why its test cell did not run),
+    with the forbidden callables its solution cell names."""
+    results = {}
+    run = sup.run
+    for gid, item in sup.tests.items():
+        if item not in sup.items:
+            continue
+        spec = get_spec(item)
+        if item in run.plans:
+            results[item] = judge_item(spec, run.plans[item], run.answers[item], device=sup.device,
+                                       salt=sup.salts.get(item, 0))
+            reason = _forbidden(sup.nb, item, spec)
+            if reason and not results[item].reference_used:
+                results[item].reference_used = reason
+        else:
+            results[item] = _not_run(spec, _why_not_run(sup.run, gid))
+    return results
+
+def _forbidden(nb: dict, item: str, spec: Any) -> str:
+    """A forbidden callable named in the item's solution cell (found in the code, here)."""
+    for cell in nb["cells"]:
+        meta = nbgrader_meta(cell)
+        if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id") == item:
+            source = cell.get("source", "")
+            return forbidden_uses("".join(source) if isinstance(source, list) else str(source), spec.forbidden)
+    return ""
+
+def _why_not_run(run: Run, gid: str) -> str:
+    if run.ended:
+        where = f" in {cell_label(run.ended_at, run.cells[run.ended_at])}" if run.ended_at is not None else ""
+        return f"This test cell did not run: {run.ended}{where}."
+    return "This test cell did not run."
+
+
+def _not_run(spec: Any, reason: str) -> ItemResult:
+    subs = spec.subchecks
+    results = [SubResult(s.title, s.points, 0.0, s.hidden, reason if k == 0 else "not run") for k, s in enumerate(subs)]
+    return ItemResult(spec.name, results, graded=True, total_points=spec.points)
+
+
+
+def assemble(sup: Supervisor, results: dict[str, ItemResult]) -> list[dict]:
+    """The autograded notebook (``sup.nb``, changed in place): the student's markdown kept as
+    text, pasted images kept if they are images, each code cell's outputs as the run left
+    them, each test cell the grader's report and score; returns the test cells' scores."""
+    run = sup.run
+    nb = sup.nb
+    cells_out = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") in ("markdown", "raw"):
+            source = cell.get("source", "")
+            cell["source"] = clean_markdown("".join(source) if isinstance(source, list) else str(source))
+            attachments = clean_attachments(cell.pop("attachments", None))  # pasted images: kept, if images
+            if attachments and cell.get("cell_type") == "markdown":
+                cell["attachments"] = attachments
+            cell.get("metadata", {}).pop("format", None)
+            cell.get("metadata", {}).pop("raw_mimetype", None)
+        if cell.get("cell_type") != "code":
+            continue
+        if is_test_cell(cell):
+            gid = nbgrader_meta(cell)["grade_id"]
+            item = sup.tests[gid]
+            result = results.get(item)
+            if result is None:
+                report = f"✗ {gid}: no check is defined for this test cell; it scores 0."
+                score, max_score = 0.0, float(nbgrader_meta(cell).get("points", 0) or 0)
+                run.events.append(problem("no_check", f"{gid}: no check is defined for this test cell", gid))
+            else:
+                report, score, max_score = format_report(result), round(result.score, 4), float(result.total_points)
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": report + "\n"},
+                               {"output_type": "execute_result", "execution_count": None,
+                                "data": {"text/plain": f"{score:g} / {max_score:g} points"}, "metadata": {}}]
+            cell["execution_count"] = None
+            cells_out.append({"grade_id": gid, "score": score, "max_score": max_score,
+                              "error": not_checked(result)})
+        else:
+            outputs = run.outputs.get(index, [])
+            if run.ended_at is not None and index > run.ended_at and not outputs:
+                outputs = [{"output_type": "error", "ename": "NotRun",
+                            "evalue": f"not run: {run.ended}", "traceback": [f"NotRun: not run: {run.ended}"]}]
+            cell["outputs"] = outputs
+            cell["execution_count"] = run.counts.get(index)
+    return cells_out
+
+
+def copies(nb: dict, items: list[str]) -> list[dict]:
+    """``copied_reference`` problems for code that closely matches an item's reference."""
+    sources = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") == "code" and not nbgrader_meta(cell).get("locked"):
+            source = cell.get("source", "")
+            sources.append((cell_label(index, cell), "".join(source) if isinstance(source, list) else str(source)))
+    return [problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
+                                        f"{f['item']} (similarity {f['similarity']:.2f}); check it was not copied",
+                    f"test_{f['item']}") for f in find_copies(sources, items)]
+
+
+
+def not_checked(result: ItemResult | None) -> str:
+    """Why an item could not be checked at all ("" when its checks ran, passing or not)."""
+    if result is None:
+        return "no check is defined for this test cell"
+    first = next((r.message for r in result.results if r.message and r.message != "not run"), "")
+    if first.startswith("This test cell did not run") or "is not defined when its test cell runs" in first:
+        return first.splitlines()[0][:300]
+    return ""
+

@@ -1,0 +1,1 @@
+"""``workbook gradescope``: an assignment as a Gradescope autograder (see ``in_container``)."""
