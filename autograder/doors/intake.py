@@ -45,7 +45,7 @@ import numpy as np
 
 __all__ = ["IntakeLimits", "Refused", "shown", "scrub", "student_id", "same_student_key", "looks_like", "member_path",
            "ZipMember",
-           "read_zip", "read_bounded", "scan_json", "read_notebook", "parse_time", "RESERVED_IDS", "ID_RULE"]
+           "read_zip", "read_bounded", "scan_json", "read_notebook", "parse_time", "time_zone", "RESERVED_IDS", "ID_RULE"]
 
 MB = 2**20
 
@@ -373,7 +373,9 @@ _TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_-](\d\d)[:-](\d\d)(?:[:-](\d\d)(?:
                    r"\s*(Z|UTC|GMT|[+-]\d\d:?\d\d|[A-Za-z][A-Za-z_+-]*(?:/[A-Za-z][A-Za-z0-9_+-]*){0,2})?")
 
 
-def _zone(text: str | None, default: dt.tzinfo | None) -> dt.tzinfo | None:
+def time_zone(text: str | None, default: dt.tzinfo | None = None) -> dt.tzinfo | None:
+    """The zone ``text`` names (``Z``, ``UTC``, ``+01:00``, ``Europe/Berlin``), ``default`` (UTC if
+    none) for no text, or ``None`` when it names no zone (never a file opened)."""
     if not text:
         return default or dt.timezone.utc
     if text in ("Z", "UTC", "GMT"):
@@ -401,7 +403,7 @@ def parse_time(text: str | bytes, default_zone: dt.tzinfo | None = None) -> dt.d
     m = _TIME.fullmatch(text) if len(text) <= 64 else None
     if m is None:
         return None
-    zone = _zone(m.group(8), default_zone)
+    zone = time_zone(m.group(8), default_zone)
     if zone is None:
         return None
     y, mo, d, h, mi, s = (int(g) if g else 0 for g in m.groups()[:6])

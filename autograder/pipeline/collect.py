@@ -391,7 +391,7 @@ def collect(course: Course, source: str | Path, assignment: str | None = None,
         raise CourseError(f"--time-from {time_from!r}: one of {', '.join(TIME_SOURCES)}")
     if (time_from == "given") != (given is not None):
         raise CourseError("a given submission time goes with time_from='given'")
-    zone = intake._zone(timezone, None) if timezone else dt.timezone.utc
+    zone = intake.time_zone(timezone) if timezone else dt.timezone.utc
     if zone is None:
         raise CourseError(f"--timezone {timezone!r} is not a time zone (e.g. Europe/Berlin or +01:00)")
     source = Path(source)
