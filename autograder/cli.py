@@ -293,7 +293,8 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
 
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
-    from .pipeline.autograde import GradingOptions, Limits, autograde
+    from .pipeline.autograde import autograde
+    from .pipeline.options import GradingOptions, Limits
     from .sealing.sandbox import SandboxUnavailable
     assignments = args.assignments or course.submitted_assignments()
     if not assignments:

@@ -13,13 +13,14 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
 from traitlets.config import Config, PyFileConfigLoader
 
-__all__ = ["Course", "CourseError", "find_course_root", "write_json_atomic", "read_json"]
+__all__ = ["Course", "CourseError", "find_course_root", "write_json_atomic", "read_json", "open_gradebook",
+           "with_retry"]
 
 CONFIG_NAME = "nbgrader_config.py"
 
@@ -86,6 +87,17 @@ def open_gradebook(db_url: str, course_id: str) -> Gradebook:
     except OperationalError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
         raise CourseError(f"cannot open the gradebook {shown}: {reason}") from None
+
+
+def with_retry(gb: Gradebook, create: Callable[[], Any]) -> Any:
+    """``create()`` (an nbgrader update_or_create call) once more when another process
+    created the same row at the same moment (a shared database server)."""
+    from nbgrader.api import InvalidEntry
+    try:
+        return create()
+    except InvalidEntry:
+        gb.db.rollback()
+        return create()
 
 
 class Course:

@@ -6,7 +6,7 @@ scheduler``; workers started with ``workbook worker ADDRESS`` on any number of m
 Dask's own commands with the settings of :data:`QUIET_DASK`). A task carries
 the sanitized submission and the course's *manifest* (a digest of every file of
 course_lib, the autograder, the assignment sources and the configuration); it returns
-what :func:`autograder.pipeline.autograde.grade_job` returns. Workers never touch the gradebook:
+what :func:`autograder.pipeline.worker.grade_job` returns. Workers never touch the gradebook:
 the instructor's process records each result as it arrives (``as_completed``), so an
 interrupted batch keeps every grade already returned.
 
@@ -195,7 +195,7 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
 
     import torch
     from .prepare import test_items
-    from .worker import run_job
+    from .worker import grade_job
     from ..sealing.sandbox import SANDBOX_UID_BASE
     from ..sealing.course_copy import build_course_copy
 
@@ -217,14 +217,14 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="workbook-task-"))
     try:
         scratch.chmod(0o711)
-        if job.get("unsafe_no_sandbox"):  # unsealed, the submission could write its copy: a fresh one
+        if job.get("isolation") == "none":  # unsealed, the submission could write its copy: a fresh one
             course_copy = build_course_copy(scratch / "course", items)
             check_course()
         else:
             course_copy = cached_course_copy(manifest_fingerprint(manifest), items, check=check_course)
         local_job = dict(job, job_dir=str(scratch / "job"), course_copy=str(course_copy))
         with sandbox_slot() as slot:
-            result = run_job(local_job, uid=SANDBOX_UID_BASE + CLUSTER_UID_BASE + slot)
+            result = grade_job(local_job, uid=SANDBOX_UID_BASE + CLUSTER_UID_BASE + slot)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result["worker"] = name

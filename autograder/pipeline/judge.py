@@ -1,10 +1,12 @@
 """Judge: a notebook's answers, in the grader's process, after its sandbox is gone.
 
-:func:`judge` replays each item's plan against the answers the runner gave
-(:func:`course_lib.grading.runner.judge_item`) and assigns the points; an item whose test
-cell never ran scores 0 with the reason. :func:`assemble` writes the autograded notebook:
+It reads what the run stage kept (:class:`~autograder.pipeline.handoffs.RunOutcome`), never
+the running process. :func:`judge` replays each item's plan against the answers the runner
+gave (:func:`course_lib.grading.runner.judge_item`) and assigns the points; an item whose
+test cell never ran scores 0 with the reason. :func:`assemble` writes the autograded notebook:
 the grader's report and score in each test cell, the outputs the run kept, the student's
-markdown kept as text. :func:`copies` flags code that closely matches a reference.
+markdown kept as text. :func:`copied_reference_problems` flags code that closely matches a
+reference (autograder/pipeline/source_checks.py).
 """
 
 from __future__ import annotations
@@ -14,32 +16,32 @@ from typing import Any
 from course_lib.grading import get_spec
 from course_lib.grading.runner import ItemResult, SubResult, format_report, judge_item
 
-from .source_checks import find_copies, forbidden_uses
-from ..inside.cells import is_test_cell, nbgrader_meta
-from ..doors.outbound import clean_attachments, clean_markdown
 from ..course.problems import problem
-from .run import Run, Supervisor, cell_label
+from ..doors.outbound import clean_attachments, clean_markdown
+from ..inside.cells import is_test_cell, nbgrader_meta
+from .handoffs import RunOutcome
+from .run_transcript import cell_label
+from .source_checks import find_copies, forbidden_uses
 
-__all__ = ["judge", "assemble", "copies", "not_checked"]
+__all__ = ["judge", "assemble", "copied_reference_problems", "not_checked"]
 
 
-def judge(sup: Supervisor) -> dict[str, ItemResult]:
+def judge(outcome: RunOutcome) -> dict[str, ItemResult]:
     """Every item's result from the answers its plan got (or why its test cell did not run),
     with the forbidden callables its solution cell names."""
     results = {}
-    run = sup.run
-    for gid, item in sup.tests.items():
-        if item not in sup.items:
+    for gid, item in outcome.tests.items():
+        if item not in outcome.items:
             continue
         spec = get_spec(item)
-        if item in run.plans:
-            results[item] = judge_item(spec, run.plans[item], run.answers[item], device=sup.device,
-                                       salt=sup.salts.get(item, 0))
-            reason = _forbidden(sup.nb, item, spec)
+        if item in outcome.plans:
+            results[item] = judge_item(spec, outcome.plans[item], outcome.answers[item], device=outcome.device,
+                                       salt=outcome.salts.get(item, 0))
+            reason = _forbidden(outcome.notebook, item, spec)
             if reason and not results[item].reference_used:
                 results[item].reference_used = reason
         else:
-            results[item] = _not_run(spec, _why_not_run(sup.run, gid))
+            results[item] = _not_run(spec, _why_not_run(outcome))
     return results
 
 def _forbidden(nb: dict, item: str, spec: Any) -> str:
@@ -51,10 +53,11 @@ def _forbidden(nb: dict, item: str, spec: Any) -> str:
             return forbidden_uses("".join(source) if isinstance(source, list) else str(source), spec.forbidden)
     return ""
 
-def _why_not_run(run: Run, gid: str) -> str:
-    if run.ended:
-        where = f" in {cell_label(run.ended_at, run.cells[run.ended_at])}" if run.ended_at is not None else ""
-        return f"This test cell did not run: {run.ended}{where}."
+def _why_not_run(outcome: RunOutcome) -> str:
+    if outcome.reason:
+        at = outcome.ended_at
+        where = f" in {cell_label(at, outcome.cells[at])}" if at is not None else ""
+        return f"This test cell did not run: {outcome.reason}{where}."
     return "This test cell did not run."
 
 
@@ -65,13 +68,13 @@ def _not_run(spec: Any, reason: str) -> ItemResult:
 
 
 
-def assemble(sup: Supervisor, results: dict[str, ItemResult]) -> list[dict]:
-    """The autograded notebook (``sup.nb``, changed in place): the student's markdown kept as
-    text, pasted images kept if they are images, each code cell's outputs as the run left
-    them, each test cell the grader's report and score; returns the test cells' scores."""
-    run = sup.run
-    nb = sup.nb
-    cells_out = []
+def assemble(outcome: RunOutcome, results: dict[str, ItemResult]) -> tuple[list[dict], list[dict]]:
+    """The autograded notebook (``outcome.notebook``, changed in place): the student's markdown
+    kept as text, pasted images kept if they are images, each code cell's outputs as the run
+    left them, each test cell the grader's report and score. Returns the test cells' scores,
+    and a problem for each test cell without a check."""
+    nb = outcome.notebook
+    cells_out, problems = [], []
     for index, cell in enumerate(nb["cells"]):
         if cell.get("cell_type") in ("markdown", "raw"):
             source = cell.get("source", "")
@@ -85,12 +88,12 @@ def assemble(sup: Supervisor, results: dict[str, ItemResult]) -> list[dict]:
             continue
         if is_test_cell(cell):
             gid = nbgrader_meta(cell)["grade_id"]
-            item = sup.tests[gid]
+            item = outcome.tests[gid]
             result = results.get(item)
             if result is None:
                 report = f"✗ {gid}: no check is defined for this test cell; it scores 0."
                 score, max_score = 0.0, float(nbgrader_meta(cell).get("points", 0) or 0)
-                run.events.append(problem("no_check", f"{gid}: no check is defined for this test cell", gid))
+                problems.append(problem("no_check", f"{gid}: no check is defined for this test cell", gid))
             else:
                 report, score, max_score = format_report(result), round(result.score, 4), float(result.total_points)
             cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": report + "\n"},
@@ -100,16 +103,17 @@ def assemble(sup: Supervisor, results: dict[str, ItemResult]) -> list[dict]:
             cells_out.append({"grade_id": gid, "score": score, "max_score": max_score,
                               "error": not_checked(result)})
         else:
-            outputs = run.outputs.get(index, [])
-            if run.ended_at is not None and index > run.ended_at and not outputs:
+            outputs = outcome.outputs.get(index, [])
+            if outcome.ended_at is not None and index > outcome.ended_at and not outputs:
+                why = outcome.reason
                 outputs = [{"output_type": "error", "ename": "NotRun",
-                            "evalue": f"not run: {run.ended}", "traceback": [f"NotRun: not run: {run.ended}"]}]
+                            "evalue": f"not run: {why}", "traceback": [f"NotRun: not run: {why}"]}]
             cell["outputs"] = outputs
-            cell["execution_count"] = run.counts.get(index)
-    return cells_out
+            cell["execution_count"] = outcome.counts.get(index)
+    return cells_out, problems
 
 
-def copies(nb: dict, items: list[str]) -> list[dict]:
+def copied_reference_problems(nb: dict, items: list[str]) -> list[dict]:
     """``copied_reference`` problems for code that closely matches an item's reference."""
     sources = []
     for index, cell in enumerate(nb["cells"]):

@@ -121,7 +121,7 @@ class WorkerPool:
             kill_process_group_from(Path(w.job["pid_file"]))
         self.workers[self.workers.index(w)] = _Worker(self.handler, self.init, w.slot)
 
-    def run(self, jobs: Iterable[dict], on_result: Callable[[dict, dict], None]) -> None:
+    def work(self, jobs: Iterable[dict], on_result: Callable[[dict, dict], None]) -> None:
         """Run every job; call ``on_result(job, result)`` in this process as each ends.
 
         A worker that dies gives ``{"crash": ...}``; one that overruns the job's

@@ -1,11 +1,14 @@
 """Prepare: read each submission and make the job a grading worker runs.
 
 The first stage of ``workbook autograde`` (autograder/pipeline/autograde.py), in the instructor's
-process: a submitted notebook is read through :mod:`autograder.doors.intake` (its limits checked
+process. A :class:`Batch` holds what every job of one assignment shares (the scratch folder,
+the course's secret, the settings a fingerprint depends on, collect's log, the released
+checksums, the sandbox's course copies). For each student and notebook (:meth:`Batch.tasks`)
+the submitted notebook is read through :mod:`autograder.doors.intake` (its limits checked
 before the JSON is parsed), cells claiming ids the assignment lacks become ordinary cells,
 nbgrader's own steps repair it (locked cells and tests put back, outputs cleared), and the
 job gets its fingerprint (a rerun grades only what changed) and its items' salts (derived
-from the course's secret, which no sandbox sees).
+from the course's secret, which no sandbox sees): a :class:`~autograder.pipeline.handoffs.Task`.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import hmac
 import json
 import logging
 import os
-import re
 import secrets
+import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +34,148 @@ from nbgrader.api import Gradebook
 from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
 from traitlets.config import Config
 
-from ..doors import intake
-from ..course import Course
-from ..doors.intake import IntakeLimits, Refused, shown
+from ..course import Course, CourseError, read_json, with_retry
 from ..course.manifest import course_manifest, manifest_fingerprint
-from ..course.problems import problem
+from ..course.problems import WHOLE_SUBMISSION, problem
+from ..course.settings import intake_limits
+from ..doors import intake
+from ..doors.intake import IntakeLimits, Refused, shown
+from ..sealing.course_copy import build_course_copy
+from .handoffs import Job, Task
+from .options import GradingOptions
 
-__all__ = ["read_submission", "submission_time", "exchange_secret", "foreign_cells", "structural_problems",
+__all__ = ["Batch", "read_submission", "submission_time", "foreign_cells", "structural_problems",
            "sanitize", "released_checksums", "course_secret", "item_salt", "course_fingerprint", "extra_files",
            "test_items", "submission_fingerprint"]
 
 _QUIET = logging.getLogger("autograder.quiet")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
+
+
+
+@dataclass
+class Batch:
+    """One assignment's grading, as the prepare stage sees it: what every job shares."""
+
+    course: Course
+    assignment: str
+    options: GradingOptions
+    scratch: Path  # the jobs' folders and the sandbox's course copies (removed by :meth:`clean`)
+    secret: bytes
+    settings: str  # what a submission's fingerprint depends on besides its own files
+    collect_log: dict
+    checksums: dict[str, dict[str, str]]
+    intake_rules: IntakeLimits
+    container_user: dict | None = None  # container mode's user (autograder/sealing/container.py)
+    copies: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, course: Course, assignment: str, options: GradingOptions, notebooks: list[str],
+              container_user: dict | None = None) -> "Batch":
+        """A new batch, with its scratch folder (outside the course folder: no sandbox may see
+        the course)."""
+        scratch = Path(tempfile.mkdtemp(prefix="workbook-autograde-"))
+        if scratch.resolve().is_relative_to(course.root):
+            raise CourseError(f"the scratch folder {scratch} is inside the course folder; set TMPDIR elsewhere")
+        scratch.chmod(0o711)
+        secret = course_secret(course)
+        sealed_by = options.sealed_by()
+        settings = json.dumps({"limits": options.limits.__dict__, "unsafe": sealed_by == "none",
+                               "container": sealed_by == "container", "gpu": options.gpu,
+                               "course": course_fingerprint(course), "secret": hashlib.sha256(secret).hexdigest()[:8]},
+                              sort_keys=True)
+        return cls(course, assignment, options, scratch, secret, settings,
+                   read_json(course.collect_log_path(assignment), {}) or {},
+                   {n: released_checksums(course, assignment, n) for n in notebooks}, intake_limits(course),
+                   container_user)
+
+    def clean(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def tasks(self, gb: Gradebook, students: list[str], notebooks: list[str]) -> dict[str, Task]:
+        """Every student's notebooks read and repaired (cheap, sequential, the gradebook's
+        only reads), keyed ``<student>/<notebook>``; each student and submission recorded in
+        the gradebook with the trusted time of collect (never the student's own file)."""
+        tasks: dict[str, Task] = {}
+        for student in students:
+            with_retry(gb, lambda: gb.update_or_create_student(student))
+            timestamp = submission_time(self.collect_log, student)
+            with_retry(gb, lambda: gb.update_or_create_submission(self.assignment, student, timestamp=timestamp))
+            for notebook in notebooks:
+                tasks[f"{student}/{notebook}"] = self.task(gb, student, notebook, len(tasks))
+        return tasks
+
+    def course_copy(self, nb: NotebookNode, notebook: str) -> Path:
+        """The sandbox's course_lib for this notebook's items (references stubbed), built once."""
+        if notebook not in self.copies:
+            from course_lib.grading.registry import all_specs
+
+            known = all_specs()
+            dest = self.scratch / f"course-{notebook}"
+            build_course_copy(dest, [i for i in test_items(nb) if i in known])
+            self.copies[notebook] = dest
+        return self.copies[notebook]
+
+    def kept(self, task: Task) -> bool:
+        """Graded before with the same notebook, course and limits (and its autograded
+        notebook still there): nothing to do unless ``force``."""
+        old = ((read_json(self.course.report_path(self.assignment, task.student), {}) or {})
+               .get("notebooks", {}).get(task.notebook))
+        return bool(not self.options.force and old and old.get("fingerprint") == task.fingerprint
+                    and old.get("status") in ("graded", "failed")
+                    and self.course.autograded_path(task.student, self.assignment, task.notebook).exists()
+                    == (old["status"] == "graded"))
+
+    def task(self, gb: Gradebook, student: str, notebook: str, number: int) -> Task:
+        """Read one submitted notebook and make its job (``task.job`` stays None when nothing
+        can run: its problems say why; ``task.kept`` when it was graded before)."""
+        course, assignment = self.course, self.assignment
+        folder = course.submission_dir(student, assignment)
+        path = folder / f"{notebook}.ipynb"
+        extra, links = extra_files(folder)
+        task = Task(assignment, student, notebook, [], submission_fingerprint(path, extra, self.settings))
+        if self.kept(task):
+            task.kept = True
+            return task
+        rejected = self.collect_log.get("rejected", {})
+        if student in rejected:
+            task.problems = [problem("rejected", f"rejected at collect: {rejected[student]}")]
+            return task
+        nb, problems = read_submission(path, self.intake_rules)
+        problems += [problem("symlink", f"{link} is a symbolic link; it was not given to the notebook")
+                     for link in links]
+        problems[:0] = [note for note in self.collect_log.get("notes", {}).get(student, [])
+                        if f"{notebook}.ipynb" in note["message"]  # e.g. a renamed file
+                        or note["kind"] in WHOLE_SUBMISSION]  # e.g. its own timestamp.txt, disbelieved
+        task.problems = problems
+        if nb is None:
+            return task
+        resources = {"nbgrader": {"notebook": notebook, "assignment": assignment, "student": student,
+                                  "db_url": course.db_url}}
+        try:
+            problems.extend(foreign_cells(nb, gb, notebook, assignment))
+            problems.extend(structural_problems(nb, gb, notebook, assignment, self.checksums[notebook]))
+            nb, more = sanitize(nb, course, resources)
+            problems.extend(more)
+        except Exception as exc:  # nbgrader raises many kinds on damaged metadata
+            problems.append(problem("invalid_notebook", "nbgrader could not read the graded cells "
+                                                        f"({type(exc).__name__}: {str(exc)[:200]})"))
+            return task
+        task.job = self.job(nb, student, notebook, extra, task.fingerprint, number)
+        return task
+
+    def job(self, nb: NotebookNode, student: str, notebook: str, extra: list[tuple[str, str]], fingerprint: str,
+            number: int) -> Job:
+        options, limits, sealed_by = self.options, self.options.limits, self.options.sealed_by()
+        return {"job_id": f"{student}/{notebook}", "job_dir": str(self.scratch / f"job-{number}"),
+                "notebook": nbformat.writes(nb), "extra_files": extra, "limits": limits.__dict__.copy(),
+                "course_copy": str(self.course_copy(nb, notebook)),
+                "salts": {i: item_salt(self.secret, self.assignment, notebook, student, i, fingerprint)
+                          for i in test_items(nb)},
+                "device": "cuda" if options.gpu else "cpu", "gpu": options.gpu, "threads": options.threads_per_kernel,
+                "isolation": sealed_by, "container_user": self.container_user,
+                "hard_timeout": limits.notebook_timeout + 180}
 
 
 def read_submission(path: Path, limits: IntakeLimits | None = None) -> tuple[NotebookNode | None, list[dict]]:
@@ -80,19 +213,6 @@ def submission_time(collect_log: dict, student: str) -> dt.datetime | None:
     when nothing told (lateness unknown). A ``timestamp.txt`` the student wrote is never it."""
     text = ((collect_log.get("times") or {}).get(student) or {}).get("time")
     return intake.parse_time(text) if isinstance(text, str) else None
-
-
-def exchange_secret(folder: Path) -> str:
-    """The ``submission_secret.txt`` that nbgrader's exchange gave a submission (it names the
-    student's feedback file there), if it is the plain token nbgrader writes; else ""."""
-    path = folder / "submission_secret.txt"
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > 256:
-            return ""
-        text = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return ""
-    return text if re.fullmatch(r"[A-Za-z0-9-]{8,128}", text) else ""
 
 
 def source_cells(gb: Gradebook, notebook: str, assignment: str) -> dict[str, Any]:

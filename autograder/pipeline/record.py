@@ -2,16 +2,20 @@
 
 The gradebook through nbgrader's API (:class:`TrustedAutoGrades`: the test cells' points
 are the grader's, never read from an output; late penalties by nbgrader's own plugin from
-the trusted submission time), the autograded notebook, and the student's report
+the trusted submission time), the autograded notebook, and the student's grading report
 (``grading/reports/<assignment>/<student>.json``) with every problem found. Each result is
-written as soon as it arrives, so an interrupted batch keeps what it finished.
+written as soon as it arrives (:class:`Recorder`), so an interrupted batch keeps what it
+finished. One batch at a time writes (:func:`exclusive`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import nbformat
 from nbgrader import utils as nbutils
@@ -19,40 +23,73 @@ from nbgrader.api import Gradebook
 from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
 from nbformat import NotebookNode
 
-from ..course import Course, read_json, write_json_atomic
-from ..doors.intake import scrub
-from .prepare import exchange_secret
+from ..course import Course, CourseError, read_json, write_json_atomic
 from ..course.problems import problem
+from ..doors.intake import scrub
+from .handoffs import Task, WorkerResult
 
-__all__ = ["TrustedAutoGrades", "with_retry", "zero_grades", "write_result", "save_report", "Task"]
+__all__ = ["Recorder", "exclusive", "TrustedAutoGrades", "zero_grades", "write_result", "save_grading_report",
+           "exchange_secret"]
 
 _QUIET = logging.getLogger("autograder.quiet")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
 
-@dataclass
-class Task:
-    """One notebook of one student's submission on its way through the stages: its problems
-    so far, the fingerprint of what it was graded with, and its job (None: nothing to run)."""
+class Recorder:
+    """Records a batch's results in the instructor's process as they arrive: the gradebook
+    (``gb``), the autograded notebooks and each student's grading report; ``progress(record)``
+    hears of each notebook. ``notes``: collect's notes, per student."""
 
-    assignment: str
-    student: str
-    notebook: str
-    problems: list[dict]
-    fingerprint: str = ""
-    job: dict | None = None
+    def __init__(self, course: Course, assignment: str, gb: Gradebook, unverified: bool, notes: dict[str, list],
+                 progress: Callable[[dict], None] | None = None) -> None:
+        self.course, self.assignment, self.gb = course, assignment, gb
+        self.unverified, self.notes, self.progress = unverified, notes, progress
+        self.reports: dict[str, dict] = {}  # student -> grading report
+
+    def record(self, task: Task, result: WorkerResult | None, worker: str | None = None) -> None:
+        """One notebook's result (None: nothing could run, its problems say why)."""
+        try:
+            recorded = write_result(self.course, self.gb, task, result, self.unverified)
+        except Exception as exc:  # one result that cannot be written costs that notebook only
+            self.gb.db.rollback()
+            task.problems.append(problem("grader_error", "the grader could not record this notebook "
+                                                         f"({type(exc).__name__}: {str(exc)[:200]}); it scores 0"))
+            recorded = write_result(self.course, self.gb, task, None, self.unverified)
+        self._save(task.student, task.notebook, recorded)
+        if self.progress:
+            self.progress(dict(recorded, worker=worker) if worker else recorded)
+
+    def kept(self, task: Task) -> None:
+        """A notebook graded before with the same inputs: its record stays."""
+        self._save(task.student, task.notebook, None)
+        if self.progress:
+            self.progress({"notebook": task.notebook, "status": "kept"})
+
+    def final_reports(self, students: list[str]) -> list[dict]:
+        """One grading report per student, in order (written for a student with no notebook)."""
+        return [self.reports.get(s) or self._save(s, "", None) for s in students]
+
+    def _save(self, student: str, notebook: str, recorded: dict | None) -> dict:
+        self.reports[student] = save_grading_report(self.course, self.assignment, student, notebook, recorded,
+                                                    self.notes.get(student, []))
+        return self.reports[student]
 
 
-def with_retry(gb: Gradebook, create: Callable[[], Any]) -> Any:
-    """``create()`` (an nbgrader update_or_create call) once more when another process
-    created the same row at the same moment (a shared database server)."""
-    from nbgrader.api import InvalidEntry
-    try:
-        return create()
-    except InvalidEntry:
-        gb.db.rollback()
-        return create()
+@contextlib.contextmanager
+def exclusive(course: Course, assignment: str) -> Iterator[None]:
+    """One autograde at a time: per course with a SQLite gradebook (one writer), per
+    assignment with a database server (instructors grade different assignments at once)."""
+    course.grading_dir.mkdir(parents=True, exist_ok=True)
+    shared = not course.db_url.startswith("sqlite")
+    name = f".autograde-{assignment}.lock" if shared else ".autograde.lock"
+    with open(course.grading_dir / name, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            what = f"{assignment} of this course" if shared else "this course"
+            raise CourseError(f"another `workbook autograde` is running on {what}") from None
+        yield
 
 
 class TrustedAutoGrades(SaveAutoGrades):
@@ -89,9 +126,9 @@ def _notebook_totals(gb: Gradebook, notebook: str, assignment: str, student: str
     return float(submission.score), float(submission.max_score)
 
 
-def save_report(course: Course, assignment: str, student: str, notebook: str, record: dict | None,
-                 collect: list) -> dict:
-    """Update the student's report with one notebook's record (written at once, atomically)."""
+def save_grading_report(course: Course, assignment: str, student: str, notebook: str, record: dict | None,
+                        collect: list) -> dict:
+    """Update the student's grading report with one notebook's record (written at once, atomically)."""
     path = course.report_path(assignment, student)
     report = read_json(path, None) or {"student": student, "assignment": assignment, "notebooks": {}}
     report["collect"] = collect
@@ -104,8 +141,8 @@ def save_report(course: Course, assignment: str, student: str, notebook: str, re
     return report
 
 
-def write_result(course: Course, gb: Gradebook, task: Task, result: dict | None,
-                  unverified: bool) -> dict:
+def write_result(course: Course, gb: Gradebook, task: Task, result: WorkerResult | None,
+                 unverified: bool) -> dict:
     """Record one notebook's result in the gradebook, the autograded folder and a report."""
     a, s, n = task.assignment, task.student, task.notebook
     target = course.autograded_path(s, a, n)
@@ -157,3 +194,15 @@ def write_result(course: Course, gb: Gradebook, task: Task, result: dict | None,
     record.update(score=score, max_score=max_score, problems=problems)
     return record
 
+
+def exchange_secret(folder: Path) -> str:
+    """The ``submission_secret.txt`` that nbgrader's exchange gave a submission (it names the
+    student's feedback file there), if it is the plain token nbgrader writes; else ""."""
+    path = folder / "submission_secret.txt"
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 256:
+            return ""
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return text if re.fullmatch(r"[A-Za-z0-9-]{8,128}", text) else ""

@@ -1,7 +1,8 @@
 """What a grading worker does with one job: run the notebook sealed off (autograder/pipeline/run.py),
-then judge its answers in this process, after the sandbox is gone (autograder/pipeline/judge.py).
-Local workers (autograder/pipeline/pool.py) and Dask tasks (autograder/pipeline/cluster.py) both call
-:func:`run_job`; neither touches the gradebook."""
+then judge what the run kept, in this process, after the sandbox is gone
+(autograder/pipeline/judge.py). Local workers (autograder/pipeline/pool.py), Dask tasks
+(autograder/pipeline/cluster.py) and a batch graded in the instructor's process all call
+:func:`grade_job`; none of them touches the gradebook."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..sealing import sandbox
-from .judge import assemble, copies, judge
-from .run import Supervisor, cell_errors, exit_words
-from ..sealing.sandbox import SandboxUnavailable
+from ..sealing.sandbox import SANDBOX_UID_BASE, SandboxUnavailable
+from .handoffs import Job, WorkerResult
+from .judge import assemble, copied_reference_problems, judge
+from .run import run_notebook
 
-__all__ = ["grade_notebook", "run_job", "grade_job", "init_worker", "WORKER_MEMORY"]
+__all__ = ["grade_notebook", "grade_job", "grade_job_in_this_worker", "init_worker", "WORKER_MEMORY"]
 
 _WORKER: dict[str, Any] = {}  # this worker process's sandbox user (set by init_worker)
 WORKER_MEMORY = 24 * 2**30  # address space of a grading worker (torch alone reserves several GB)
@@ -37,12 +38,12 @@ def init_worker(env: dict[str, str], uid_base: int, slot: int) -> None:
     _WORKER["uid"] = uid_base + slot  # each concurrent sandbox its own user (when grading as root)
 
 
-def grade_job(job: dict) -> dict:
-    """Worker: run one sanitized notebook sealed off and judge it (no gradebook access)."""
-    return run_job(job, uid=_WORKER.get("uid", 100_000))
+def grade_job_in_this_worker(job: Job) -> WorkerResult:
+    """A local worker's handler: :func:`grade_job` as the sandbox user of its slot."""
+    return grade_job(job, uid=_WORKER.get("uid", 100_000))
 
 
-def run_job(job: dict, uid: int) -> dict:
+def grade_job(job: Job, uid: int) -> WorkerResult:
     """Grade one job with the sandbox user ``uid`` (its course copy and scratch folder
     named in the job; the scratch folder is removed afterwards)."""
     job_dir = Path(job["job_dir"])
@@ -56,40 +57,17 @@ def run_job(job: dict, uid: int) -> dict:
     return result
 
 
-
-def grade_notebook(job: dict, course_copy: Path, job_dir: Path, uid: int = sandbox.SANDBOX_UID_BASE) -> dict:
-    """Run one submitted notebook sealed off, then judge it (see the module docstring). ``job`` holds
-    ``notebook`` (JSON text, sanitized, hidden tests included), ``limits``
-    (:class:`sandbox.Limits` fields), ``salts`` (item -> salt), ``extra_files``,
-    ``device``, ``threads``, ``gpu`` and ``isolation`` (``bubblewrap``, ``container`` with its
-    ``container_user``, or ``none``; ``unsafe_no_sandbox`` is ``none``); ``uid`` is the
-    bubblewrap sandbox's user when the grader runs as root. Returns
-    ``{"notebook", "cells", "items", "problems", "seconds", "isolation", "survivors"}``
-    (``survivors``: processes of container mode's user still there after they were killed)."""
+def grade_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int = SANDBOX_UID_BASE) -> WorkerResult:
+    """Run one submitted notebook sealed off, then judge it (see the module docstring and
+    :class:`~autograder.pipeline.handoffs.Job`); ``uid`` is the bubblewrap sandbox's user when
+    the grader runs as root."""
     started = time.monotonic()
     job_dir.mkdir(parents=True, exist_ok=True)
-    sup = Supervisor(job, course_copy, job_dir, uid)
-    run = sup.run
-    try:
-        sup.start()
-        sup.serve()
-    except sandbox.SandboxUnavailable:
-        raise
-    finally:
-        code = sup.stop()
-    if run.ended == "the notebook's process ended":
-        run.ended += exit_words(code)
-        run.event("kernel_died", run.ended_at,
-                  run.ended + " (os._exit, exit(), a crash such as a segmentation fault, or running out of memory)")
-    elif run.ended == "the notebook called exit()":
-        run.event("kernel_died", run.ended_at, run.ended)
-    if not run.done and not run.ended:
-        run.ended = "the notebook stopped"
-    cell_errors(run)
-    results = judge(sup)
-    cells_out = assemble(sup, results)
-    run.events.extend(copies(sup.nb, sup.items))
-    return {"notebook": json.dumps(sup.nb), "cells": cells_out, "items": {k: v.as_data() for k, v in results.items()},
-            "problems": run.events, "seconds": time.monotonic() - started, "oracle_calls": sup.oracle.calls,
-            "isolation": sup.isolation, "survivors": sup.survivors}
-
+    outcome = run_notebook(job, course_copy, job_dir, uid)
+    results = judge(outcome)
+    cells, unchecked = assemble(outcome, results)
+    problems = outcome.events + unchecked + copied_reference_problems(outcome.notebook, outcome.items)
+    return {"notebook": json.dumps(outcome.notebook), "cells": cells,
+            "items": {k: v.as_data() for k, v in results.items()}, "problems": problems,
+            "seconds": time.monotonic() - started, "oracle_calls": outcome.oracle_calls,
+            "isolation": outcome.isolation, "survivors": outcome.survivors}

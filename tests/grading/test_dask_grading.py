@@ -24,7 +24,8 @@ from collections import Counter
 import nbformat
 import pytest
 
-from autograder.pipeline.autograde import GradingOptions, Limits, autograde
+from autograder.pipeline.autograde import autograde
+from autograder.pipeline.options import GradingOptions, Limits
 from autograder.cli import main
 from autograder.course import manifest as digests
 from autograder.pipeline import cluster as worker_side

@@ -188,7 +188,7 @@ def test_pool_survives_crashes_hangs_and_errors():
     results = {}
     start = time.monotonic()
     with WorkerPool(2, handler) as pool:
-        pool.run(jobs, lambda job, result: results.__setitem__(job["job_id"], result))
+        pool.work(jobs, lambda job, result: results.__setitem__(job["job_id"], result))
     assert time.monotonic() - start < 30
     assert sorted(results) == list(range(6))
     assert [results[i]["value"] for i in (0, 2, 5)] == [0, 4, 10]
@@ -204,9 +204,9 @@ def test_pool_rejects_no_workers():
 
 def test_output_past_the_cell_cap_is_cut_with_one_notice_and_one_problem():
     from autograder.sealing.sandbox import Limits
-    from autograder.pipeline.run import Run
+    from autograder.pipeline.run_transcript import Transcript
     cells = [{"cell_type": "code", "source": "print('x' * 10**6)", "metadata": {}}]
-    run = Run(cells, Limits(max_output_kb=1))
+    run = Transcript(cells, Limits(max_output_kb=1))
     run.current = 0
     for _ in range(3):
         run.add_output(0, {"output_type": "stream", "name": "stdout", "text": "x" * 700})

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from ...course import Course, CourseError, read_json
+from ...sealing.isolation import resolve
 
 __all__ = ["build", "prepare", "run", "results_for", "HIDDEN_VISIBILITIES", "DEFAULT_USER", "main"]
 
@@ -249,22 +250,6 @@ def _stage(submission: Path, dest: Path, budget: int) -> None:
         dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
 
 
-def _isolation(requested: str) -> str:
-    """The isolation to grade with: as requested, or (``auto``) bubblewrap where it starts,
-    else container mode (as root), else none (every grade marked unverified)."""
-    from ...pipeline.run import ISOLATIONS
-    from ...sealing.sandbox import SandboxUnavailable, check_available
-    if requested in ISOLATIONS:
-        return requested
-    if requested not in ("", "auto"):
-        raise CourseError(f"WORKBOOK_ISOLATION={requested!r}: one of auto, {', '.join(ISOLATIONS)}")
-    try:
-        check_available()
-        return "bubblewrap"
-    except SandboxUnavailable:
-        return "container" if os.geteuid() == 0 else "none"
-
-
 def run(root: Path, env: dict[str, str] | None = None) -> dict:
     """Grade the submission in ``root/submission`` and write ``root/results/results.json``
     (always: a failure of the grader's own is written as a result that says so). Returns
@@ -279,7 +264,8 @@ def run(root: Path, env: dict[str, str] | None = None) -> dict:
     try:
         _lock_down(root)
         settings = json.loads((root / "source" / SETTINGS).read_text())
-        isolation = _isolation(env.get("WORKBOOK_ISOLATION", "auto"))
+        # as asked, or (auto) bubblewrap where it starts, else container mode (as root), else none
+        isolation = resolve(env.get("WORKBOOK_ISOLATION") or "auto", setting="WORKBOOK_ISOLATION")
         user_name = env.get("WORKBOOK_STUDENT_USER") or DEFAULT_USER
         if isolation == "container":
             try:
@@ -312,7 +298,8 @@ def run(root: Path, env: dict[str, str] | None = None) -> dict:
 
 
 def _grade(root: Path, settings: dict, isolation: str, user_name: str) -> dict:
-    from ...pipeline.autograde import GradingOptions, autograde
+    from ...pipeline.autograde import autograde
+    from ...pipeline.options import GradingOptions
     from ...pipeline.collect import collect
     from ...doors.intake import parse_time
     from ...sealing.sandbox import Limits
