@@ -474,8 +474,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"autograder timeout to {settings['timeout_minutes']} min and the memory as docs/gradescope.md says.")
             return 0
         if args.command == "report":
-            from .reports.class_report import write_report
-            page = write_report(course, args.output, args.assignments or None, names=args.names)
+            from .reports.class_report import write_class_report
+            page = write_class_report(course, args.output, args.assignments or None, names=args.names)
             print(f"class report: {page} (data: report.json and CSV files beside it)")
             return 0
         if args.command == "formgrader":
