@@ -319,8 +319,7 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
             check_available()
         except SandboxUnavailable as exc:
             raise CourseError(f"cannot grade safely: {exc}") from None
-    from .reports.status import check_assignments
-    check_assignments(course, args.assignments, released=True)
+    course.check_assignments(args.assignments, released=True)
     for assignment in assignments:
         unknown = [s for s in args.student or [] if s not in course.submitted_students(assignment)]
         if unknown:
@@ -389,8 +388,7 @@ def _feedback(course: Course, args: argparse.Namespace) -> int:
 
 def _due(course: Course, args: argparse.Namespace) -> int:
     from nbgrader.utils import parse_utc
-    from .reports.status import check_assignments
-    check_assignments(course, [args.assignment] if args.assignment else None)
+    course.check_assignments([args.assignment] if args.assignment else None)
     with course.gradebook() as gb:
         if args.date is not None:
             if args.date.lower() == "none":
@@ -428,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             from .course.migrate import check_switch
             check_switch(course)  # a gradebook moved to a server, the grades left behind: say so, every time
         if args.command in ("feedback", "export", "report", "status"):
-            from .reports.status import check_assignments
-            check_assignments(course, getattr(args, "assignments", None))
+            course.check_assignments(getattr(args, "assignments", None))
         if args.command == "check":
             return _check(course)
         if args.command == "student-edition":
@@ -456,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _lms_export(course, args)
             if args.roster or args.column:
                 raise CourseError("--roster and --column go with an LMS --format (canvas, moodle, blackboard)")
-            from .reports.status import export_csv
+            from .reports.grades import export_csv
             text = export_csv(course, args.output, args.assignments or None)
             print(text, end="")
             return 0
@@ -480,8 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "formgrader":
             from .platforms.formgrader import open_formgrader
-            from .reports.status import check_assignments
-            check_assignments(course, [args.assignment] if args.assignment else None)
+            course.check_assignments([args.assignment] if args.assignment else None)
             return open_formgrader(course, args.assignment, extra, hub=args.hub)
         if args.command == "status":
             from .reports.status import status_table

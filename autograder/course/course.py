@@ -19,6 +19,8 @@ from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
 from traitlets.config import Config, PyFileConfigLoader
 
+from ..doors.intake import shown
+
 __all__ = ["Course", "CourseError", "find_course_root", "write_json_atomic", "read_json", "open_gradebook",
            "with_retry"]
 
@@ -188,6 +190,21 @@ class Course:
             return []
         return sorted(p.name for p in self.release_dir.iterdir()
                       if p.is_dir() and any(p.glob("*.ipynb")))
+
+    def check_assignments(self, assignments: list[str] | None, released: bool = False) -> None:
+        """Raise a one-line CourseError naming what exists when an assignment is unknown: not in
+        the gradebook, or (``released``: for ``autograde``, which records them) not released."""
+        if not assignments:
+            return
+        if released:
+            known, where = sorted(self.released_assignments()), "released"
+        else:
+            with self.gradebook() as gb:
+                known, where = sorted(a.name for a in gb.assignments), "the gradebook has"
+        unknown = [a for a in assignments if a not in known]
+        if unknown:
+            raise CourseError(f"unknown assignment{'s' if len(unknown) > 1 else ''} {', '.join(map(shown, unknown))}; "
+                              f"{where}: {', '.join(known) or 'none (run `workbook release`)'}")
 
     def released_notebooks(self, assignment: str) -> dict[str, Path]:
         """Released notebooks of ``assignment``: notebook name -> path."""

@@ -161,7 +161,7 @@ def lateness(db_url: str, assignment: str, notebook: str, student: str) -> dict:
     lateness is unknown (a due date, but no trusted time for the submission)."""
     from nbgrader.api import MissingEntry
 
-    from .status import late_words
+    from .grades import late_words
     with Gradebook(db_url) as gb:
         try:
             submission = gb.find_submission(assignment, student)
