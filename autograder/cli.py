@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "due":
             return _due(course, args)
         if args.command == "gradescope":
-            from .platforms.gradescope.in_container import build
+            from .platforms.gradescope.build import build
             settings = build(course, args.assignment, Path(args.output), hidden=args.hidden,
                              timeout_minutes=args.timeout_minutes, memory_mb=args.memory_mb,
                              cell_timeout=args.cell_timeout)

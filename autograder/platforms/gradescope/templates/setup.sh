@@ -64,4 +64,4 @@ if ! id -u "$STUDENT" >/dev/null 2>&1; then
 fi
 
 # the assignment, released once into the source folder, which then becomes root's alone
-PYTHONPATH="$SOURCE" PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" -m autograder.platforms.gradescope.in_container prepare "$SOURCE"
+PYTHONPATH="$SOURCE" PYTHONDONTWRITEBYTECODE=1 "$VENV/bin/python" -m autograder.platforms.gradescope prepare "$SOURCE"
