@@ -173,31 +173,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_roster(path: str) -> set[str]:
-    """The student ids of a roster: one id a line, a CSV with an ``id`` column, or an LMS's
-    export (Canvas's user ids, Blackboard's usernames: what their downloads name files by)."""
-    import csv
-
-    from .platforms.lms import read_roster, roster_ids
-    try:
-        roster = read_roster(path)
-    except CourseError:
-        roster = None
-    if roster is not None and roster.lms != "workbook":
-        return roster_ids(roster)
-    text = Path(path).read_text(encoding="utf-8")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines and "," in lines[0]:
-        rows = list(csv.DictReader(lines))
-        key = next((k for k in ("id", "student_id", "student", "username") if k in rows[0]), None)
-        if key is None:
-            raise CourseError(f"{path}: a CSV roster needs an 'id' column")
-        return {r[key].strip() for r in rows if r[key].strip()}
-    if lines and lines[0].lower() in ("id", "student_id", "student", "username"):
-        lines = lines[1:]  # a one-column roster's header
-    return set(lines)
-
-
 def _lms_export(course: Course, args: argparse.Namespace) -> int:
     from .platforms.lms import lms_export
     explicit = {}
@@ -259,7 +234,8 @@ def _release(course: Course, args: argparse.Namespace) -> int:
 
 def _collect(course: Course, args: argparse.Namespace) -> int:
     from .pipeline.collect import collect, collect_exchange
-    roster = _read_roster(args.roster) if args.roster else None
+    from .platforms.lms_roster import roster_file_ids
+    roster = roster_file_ids(args.roster) if args.roster else None
     if args.exchange:
         clash = [flag for flag, given in (("SOURCE", args.source), ("--pattern", args.pattern),
                                           ("--timezone", args.timezone)) if given]

@@ -26,7 +26,8 @@ import pytest
 
 from autograder.cli import main
 from autograder.course import Course, CourseError
-from autograder.platforms.lms import lms_export, read_roster, roster_ids
+from autograder.platforms.lms import lms_export
+from autograder.platforms.lms_roster import read_roster, roster_ids
 from workbook_class import make_course
 
 NOTEBOOK = "03_self_attention"

@@ -144,12 +144,12 @@ def test_collect_student_folders_with_a_roster(course, tmp_path):
 
 
 def test_a_one_column_roster_has_no_header_student(tmp_path):
-    from autograder.cli import _read_roster
+    from autograder.platforms.lms_roster import roster_file_ids
     for header in ("id", "Student", "username"):
         (tmp_path / "roster.txt").write_text(f"{header}\nalice\nbob\n")
-        assert _read_roster(str(tmp_path / "roster.txt")) == {"alice", "bob"}
+        assert roster_file_ids(str(tmp_path / "roster.txt")) == {"alice", "bob"}
     (tmp_path / "roster.txt").write_text("alice\nbob\n")
-    assert _read_roster(str(tmp_path / "roster.txt")) == {"alice", "bob"}
+    assert roster_file_ids(str(tmp_path / "roster.txt")) == {"alice", "bob"}
 
 
 def test_a_truncated_notebook_is_collected_with_a_note(course, tmp_path):
