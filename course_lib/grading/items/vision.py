@@ -693,7 +693,7 @@ def _pointing_case(seed: int, W: int, grid=(4, 4), **options) -> Case:
 
 def _hand_pointing_case(dtype: torch.dtype = f32) -> Case:
     def make(device):
-        t = lambda *v: torch.tensor(v, device=device)  # noqa: E731
+        t = lambda *v: torch.tensor(v, device=device)
         maps = [t(0.1, 0.7, 0.2), t(0.6, 0.3, 0.1), t(0.2, 0.2, 0.6), t(0.3, 0.2, 0.5)]
         masks = [t(False, True, True), t(False, True, False), None, t(True, False, False)]
         return {"alpha_maps": [m.to(dtype) for m in maps], "object_masks": masks}
