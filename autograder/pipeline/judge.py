@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading import get_spec
-from course_lib.grading.runner import ItemResult, SubResult, format_report, judge_item
+from course_lib.grading.results import ItemResult, SubResult, format_report
+from course_lib.grading.runner import judge_item
 
 from ..course.problems import problem
 from ..doors.outbound import clean_attachments, clean_markdown

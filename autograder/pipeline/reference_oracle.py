@@ -31,7 +31,7 @@ MAX_REPLY = 64 * 2**20
 
 
 def code_objects(obj: Any) -> set:
-    from course_lib.grading.calls import code_objects as codes
+    from course_lib.grading.watch import code_objects as codes
     return codes(obj)
 
 

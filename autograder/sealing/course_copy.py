@@ -14,8 +14,8 @@ never holds the code of the references graded in the notebook:
   callable), raises :class:`ReferenceUnavailable`: those demonstrations stop while
   a notebook is graded (their cells do not count);
 - ``course_lib/grading`` keeps only what the student's side needs to answer calls
-  (:mod:`course_lib.grading.calls`, :mod:`~course_lib.grading.wire`, the input
-  fixtures); the check specs, hidden tests and catalogued mistakes are not there.
+  (:mod:`course_lib.grading.calls`, ``perform``, ``probes``, ``watch``, ``silence``,
+  :mod:`~course_lib.grading.wire`, the input fixtures); the check specs, hidden tests and catalogued mistakes are not there.
   ``check`` and ``working_or_reference`` become harmless placeholders.
 """
 
@@ -33,7 +33,7 @@ __all__ = ["build_course_copy", "reference_targets", "ORACLE_MODULE"]
 ORACLE_MODULE = "_grading_oracle"
 
 # What course_lib/grading keeps in the sandbox.
-_GRADING_KEEP = {"calls.py", "wire.py", "spec.py", "fixtures"}
+_GRADING_KEEP = {"calls.py", "perform.py", "probes.py", "watch.py", "silence.py", "wire.py", "spec.py", "fixtures"}
 
 _INSIDE = Path(__file__).resolve().parents[1] / "inside"  # the two modules copied into the sandbox's course_lib
 

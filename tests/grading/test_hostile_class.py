@@ -8,7 +8,7 @@ the notebook, one student each in 03 and 06, a function item and a module item, 
 three together as ``h_runner`` in the other notebooks):
 
 - ``h_rebind``: rebinds ``check``/``grade`` and patches ``course_lib.grading`` (and its
-  ``sys.modules`` entries, ``calls.perform``, the runner's channel) to claim full marks;
+  ``sys.modules`` entries, ``perform.perform``, the runner's channel) to claim full marks;
 - ``h_display``: replaces ``sys.displayhook`` and IPython's display hook so that the
   last expression shows nothing, -1, NaN or 1e9, and prints fake reports;
 - ``h_liar``: the wrong item returns a ``torch.Tensor`` subclass whose
@@ -148,8 +148,8 @@ for _fake_name in ("course_lib.grading.runner", "course_lib.grading.registry", "
     _fake.check = _fake.grade = _fake.judge_item = _fake.format_report = _full_marks
     _fake.describe_difference = lambda *a, **k: None
     sys.modules[_fake_name] = _fake
-import course_lib.grading.calls as _calls
-_perform = _calls.perform
+import course_lib.grading.perform as _performing
+_perform = _performing.perform
 
 def _claiming_perform(subject, impl, call, watch=True):
     answer = _perform(subject, impl, call, watch)
@@ -157,7 +157,7 @@ def _claiming_perform(subject, impl, call, watch=True):
     answer.update(score=100.0, points=100.0, passed=True, graded=True)
     return answer
 
-_calls.perform = _claiming_perform
+_performing.perform = _claiming_perform
 sys.modules["course_lib.grading"].perform = _claiming_perform
 _runner = sys.modules.get("workbook_runner")
 if _runner is not None and getattr(_runner, "_CHANNEL", None) is not None:

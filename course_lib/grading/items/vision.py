@@ -19,7 +19,7 @@ from ..calls import INVOKE, Invoke, Probe
 from ..compare import describe_difference, fmt_num
 from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, layout,
                           module_case, module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
-from ..runner import LIKELY_CAUSE
+from ..trial import LIKELY_CAUSE
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
