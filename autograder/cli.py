@@ -199,22 +199,9 @@ def _check(course: Course) -> int:
     except SandboxUnavailable as exc:
         print(f"sandbox: NOT READY: {exc}")
         ready = False
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-    try:
-        url = make_url(course.db_url)
-    except ArgumentError:  # open_gradebook below says what is wrong with it
-        url = None
-    if url is not None and url.get_backend_name() == "sqlite":
-        print(f"gradebook: a SQLite file, {url.database} (made by the first `workbook release`)")
-    else:
-        try:
-            with course.gradebook():
-                pass
-            print(f"gradebook: ready ({url.render_as_string(hide_password=True)})")
-        except CourseError as exc:
-            print(f"gradebook: NOT READY: {exc}")
-            ready = False
+    gradebook, words = course.gradebook_ready()
+    print(f"gradebook: {words}")
+    ready = ready and gradebook
     print("ready to grade" if ready else "not ready to grade: fix the lines above, then run `workbook check` again")
     return 0 if ready else 2
 
@@ -269,23 +256,18 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
 
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
+    from .course.settings import workbook_settings
     from .pipeline.autograde import autograde
-    from .pipeline.options import GradingOptions, Limits
+    from .pipeline.options import GradingOptions
     from .sealing.sandbox import SandboxUnavailable
     assignments = args.assignments or course.submitted_assignments()
     if not assignments:
         raise CourseError(f"no submissions in {course.submitted_dir}: run `workbook collect` first")
-    from .course.settings import workbook_settings
     settings = workbook_settings(course, workers=args.workers, cell_timeout=args.cell_timeout,
                                  notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
                                  max_output_kb=args.max_output_kb, threads=args.threads, scheduler=args.scheduler)
-    cell_timeout = settings.cell_timeout or int(course.setting("Execute", "timeout", 300))
-    memory = settings.memory_mb if settings.memory_mb >= 0 else (0 if args.gpu else 4096)
-    limits = Limits(cell_timeout=cell_timeout, notebook_timeout=settings.notebook_timeout,
-                    memory_mb=memory or None, max_output_kb=settings.max_output_kb)
-    options = GradingOptions(workers=settings.workers, limits=limits, threads_per_kernel=settings.threads,
-                             students=args.student, unsafe_no_sandbox=args.unsafe_no_sandbox, gpu=args.gpu,
-                             force=args.force, scheduler=settings.scheduler or None)
+    options = GradingOptions.from_settings(course, settings, students=args.student, gpu=args.gpu, force=args.force,
+                                           unsafe_no_sandbox=args.unsafe_no_sandbox)
     if args.unsafe_no_sandbox:
         print("warning: grading WITHOUT the sandbox: submissions' code runs with your privileges; every grade "
               "written is marked unverified.", file=sys.stderr)
@@ -297,11 +279,7 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
             raise CourseError(f"cannot grade safely: {exc}") from None
     course.check_assignments(args.assignments, released=True)
     for assignment in assignments:
-        unknown = [s for s in args.student or [] if s not in course.submitted_students(assignment)]
-        if unknown:
-            known = course.submitted_students(assignment)
-            raise CourseError(f"no submission of {assignment} for: {', '.join(map(shown, unknown))} (collected: "
-                              f"{', '.join(known[:8]) + (' …' if len(known) > 8 else '') if known else 'nobody'})")
+        course.check_submitted(assignment, args.student)
     for assignment in assignments:
         bar = None
         counts = {"kept": 0, "graded": 0}

@@ -184,6 +184,24 @@ class Course:
         with open_gradebook(self.db_url, self.course_id) as gb:
             yield gb
 
+    def gradebook_ready(self) -> tuple[bool, str]:
+        """Whether the gradebook opens (a SQLite file is made by the first ``workbook
+        release``), and what to say about it: where it is, or what is wrong."""
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+        try:
+            url = make_url(self.db_url)
+        except ArgumentError:  # open_gradebook below says what is wrong with it
+            url = None
+        if url is not None and url.get_backend_name() == "sqlite":
+            return True, f"a SQLite file, {url.database} (made by the first `workbook release`)"
+        try:
+            with self.gradebook():
+                pass
+            return True, f"ready ({url.render_as_string(hide_password=True)})"
+        except CourseError as exc:
+            return False, f"NOT READY: {exc}"
+
     def released_assignments(self) -> list[str]:
         """Assignments with a released folder, in name order."""
         if not self.release_dir.is_dir():
@@ -205,6 +223,15 @@ class Course:
         if unknown:
             raise CourseError(f"unknown assignment{'s' if len(unknown) > 1 else ''} {', '.join(map(shown, unknown))}; "
                               f"{where}: {', '.join(known) or 'none (run `workbook release`)'}")
+
+    def check_submitted(self, assignment: str, students: list[str] | None) -> None:
+        """Raise a one-line CourseError naming who was collected when one of ``students`` has
+        no submission of ``assignment``."""
+        known = self.submitted_students(assignment)
+        unknown = [s for s in students or [] if s not in known]
+        if unknown:
+            raise CourseError(f"no submission of {assignment} for: {', '.join(map(shown, unknown))} (collected: "
+                              f"{', '.join(known[:8]) + (' …' if len(known) > 8 else '') if known else 'nobody'})")
 
     def released_notebooks(self, assignment: str) -> dict[str, Path]:
         """Released notebooks of ``assignment``: notebook name -> path."""

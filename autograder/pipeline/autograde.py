@@ -24,16 +24,14 @@ sandbox) and from the student, notebook and item.
 
 from __future__ import annotations
 
-import warnings
 from typing import Callable
 
-from ..course import Course, CourseError
-from ..course.release import recorded_notebooks
+from ..course import Course
 from ..sealing.isolation import seal
 from .dispatch import dispatch
 from .options import GradingOptions
 from .prepare import Batch
-from .record import Recorder, exclusive
+from .record import Recorder, writing
 
 __all__ = ["autograde"]
 
@@ -47,29 +45,18 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
     course, limits) are kept unless ``options.force``.
     """
     options = options or GradingOptions()
-    sealed_by = options.sealed_by()
-    user = seal(sealed_by, course, options.container_user, options.one_at_a_time())
-    notebooks = recorded_notebooks(course, assignment)
-    students = options.students or course.submitted_students(assignment)
-    unknown = [s for s in options.students or [] if not course.submission_dir(s, assignment).is_dir()]
-    if unknown:
-        raise CourseError(f"no submission of {assignment} for: {', '.join(unknown)}")
-    batch = Batch.start(course, assignment, options, notebooks, dict(user) if user else None)
+    user = seal(options.sealed_by(), course, options.container_user, options.one_at_a_time())
+    batch = Batch.start(course, assignment, options, user)
     try:
-        with exclusive(course, assignment), course.gradebook() as gb, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # nbgrader's own SQLAlchemy warnings
-            recorder = Recorder(course, assignment, gb, sealed_by == "none", batch.collect_log.get("notes", {}),
-                                progress)
-            tasks = batch.tasks(gb, students, notebooks)
-            for task in tasks.values():  # what is known without running anything
-                if task.kept:
-                    recorder.kept(task)
-                elif task.job is None:
-                    recorder.record(task, None)
+        with writing(course, assignment) as gb:
+            recorder = Recorder(course, assignment, gb, options.sealed_by() == "none",
+                                batch.collect_log.get("notes", {}), progress)
+            tasks = batch.tasks(gb)
+            recorder.record_without_running(tasks.values())
             jobs = [t.job for t in tasks.values() if t.job is not None]
             if jobs:
-                dispatch(course, options, jobs, lambda job, result, worker: recorder.record(tasks[job["job_id"]],
-                                                                                           result, worker))
+                dispatch(course, options, jobs,
+                         lambda job, result, worker: recorder.record(tasks[job["job_id"]], result, worker))
     finally:
         batch.clean()
-    return recorder.final_reports(students)
+    return recorder.final_reports(batch.students)

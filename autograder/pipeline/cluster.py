@@ -45,8 +45,7 @@ from typing import Callable, Iterable, Iterator
 from ..course import Course, CourseError, find_course_root
 from ..course.manifest import course_manifest, manifest_differences, manifest_fingerprint
 
-__all__ = ["CourseMismatch", "course_manifest", "manifest_fingerprint", "manifest_differences",
-           "cached_course_copy", "grade_task", "run_on_cluster", "WorkerTally", "CLUSTER_UID_BASE",
+__all__ = ["CourseMismatch", "cached_course_copy", "grade_task", "run_on_cluster", "WorkerTally", "CLUSTER_UID_BASE",
            "QUIET_DASK", "dask_environment", "exec_dask"]
 
 CLUSTER_UID_BASE = 2_000_000  # sandbox users of cluster tasks (grader running as root), above the pool's

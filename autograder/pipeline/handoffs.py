@@ -1,6 +1,6 @@
 """What one stage of grading hands the next, as data.
 
-    prepare ──Task (its Job)──▶ worker: run ──RunOutcome──▶ judge ──▶ WorkerResult ──▶ record
+    prepare ──Task (its Job)──▶ worker: run ──RunOutcome──▶ judge ──Judgement──▶ WorkerResult ──▶ record
 
 - :class:`Task`: one notebook of one student's submission in the instructor's process, from
   prepare to record: its problems so far, its fingerprint, and its :class:`Job` (or none);
@@ -8,6 +8,7 @@
   process or a Dask worker as it is);
 - :class:`RunOutcome`: what the run stage kept of the notebook once its seal is gone, and how
   the run ended (:class:`Ending`); the judge reads this, never the live process;
+- :class:`Judgement`: the items' results and the autograded notebook's test cells;
 - :class:`WorkerResult`: what the worker sends back (plain data), recorded by the instructor's
   process alone.
 """
@@ -18,7 +19,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-__all__ = ["Job", "Task", "Ending", "RunOutcome", "WorkerResult"]
+__all__ = ["Job", "Task", "Ending", "RunOutcome", "Judgement", "WorkerResult"]
 
 
 class Job(TypedDict, total=False):
@@ -109,3 +110,15 @@ class RunOutcome:
     @property
     def cells(self) -> list[dict]:
         return self.notebook["cells"]
+
+
+@dataclass
+class Judgement:
+    """What the judge found: every item's result (course_lib.grading.results.ItemResult), the
+    test cells' scores as recorded (``{"grade_id", "score", "max_score", "error"}``), and the
+    problems it found (a test cell without a check). The autograded notebook is the outcome's,
+    filled in."""
+
+    results: dict[str, Any]
+    cells: list[dict]
+    problems: list[dict]

@@ -1,12 +1,12 @@
 """Judge: a notebook's answers, in the grader's process, after its sandbox is gone.
 
 It reads what the run stage kept (:class:`~autograder.pipeline.handoffs.RunOutcome`), never
-the running process. :func:`judge` replays each item's plan against the answers the runner
-gave (:func:`course_lib.grading.runner.judge_item`) and assigns the points; an item whose
-test cell never ran scores 0 with the reason. :func:`assemble` writes the autograded notebook:
-the grader's report and score in each test cell, the outputs the run kept, the student's
-markdown kept as text. :func:`copied_reference_problems` flags code that closely matches a
-reference (autograder/pipeline/source_checks.py).
+the running process, and what was read in the student's source (the forbidden callables its
+solution cells name: autograder/pipeline/source_checks.py). :func:`judge` replays each item's
+plan against the answers the runner gave (:func:`course_lib.grading.runner.judge_item`) and
+assigns the points; an item whose test cell never ran scores 0 with the reason. Then it
+assembles the autograded notebook (:func:`assemble`): the grader's report and score in each
+test cell, the outputs the run kept, the student's markdown kept as text.
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ from course_lib.grading.runner import judge_item
 
 from ..course.problems import problem
 from ..doors.outbound import clean_attachments, clean_markdown
-from ..inside.cells import is_test_cell, nbgrader_meta
-from .handoffs import RunOutcome
-from .run_transcript import cell_label
-from .source_checks import find_copies, forbidden_uses
+from ..inside.cells import cell_label, is_test_cell, nbgrader_meta
+from .handoffs import Judgement, RunOutcome
 
-__all__ = ["judge", "assemble", "copied_reference_problems", "not_checked"]
+__all__ = ["judge", "assemble", "not_checked"]
 
 
-def judge(outcome: RunOutcome) -> dict[str, ItemResult]:
+def judge(outcome: RunOutcome, forbidden: dict[str, str]) -> Judgement:
     """Every item's result from the answers its plan got (or why its test cell did not run),
-    with the forbidden callables its solution cell names."""
+    none for an item whose solution cell names a forbidden callable (``forbidden``: item ->
+    why); then the autograded notebook."""
     results = {}
     for gid, item in outcome.tests.items():
         if item not in outcome.items:
@@ -38,21 +37,14 @@ def judge(outcome: RunOutcome) -> dict[str, ItemResult]:
         if item in outcome.plans:
             results[item] = judge_item(spec, outcome.plans[item], outcome.answers[item], device=outcome.device,
                                        salt=outcome.salts.get(item, 0))
-            reason = _forbidden(outcome.notebook, item, spec)
+            reason = forbidden.get(item, "")
             if reason and not results[item].reference_used:
                 results[item].reference_used = reason
         else:
             results[item] = _not_run(spec, _why_not_run(outcome))
-    return results
+    cells, problems = assemble(outcome, results)
+    return Judgement(results, cells, problems)
 
-def _forbidden(nb: dict, item: str, spec: Any) -> str:
-    """A forbidden callable named in the item's solution cell (found in the code, here)."""
-    for cell in nb["cells"]:
-        meta = nbgrader_meta(cell)
-        if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id") == item:
-            source = cell.get("source", "")
-            return forbidden_uses("".join(source) if isinstance(source, list) else str(source), spec.forbidden)
-    return ""
 
 def _why_not_run(outcome: RunOutcome) -> str:
     if outcome.reason:
@@ -76,6 +68,7 @@ def assemble(outcome: RunOutcome, results: dict[str, ItemResult]) -> tuple[list[
     and a problem for each test cell without a check."""
     nb = outcome.notebook
     cells_out, problems = [], []
+    unchecked = {item: not_checked(result) for item, result in results.items()}  # (read before the cells)
     for index, cell in enumerate(nb["cells"]):
         if cell.get("cell_type") in ("markdown", "raw"):
             source = cell.get("source", "")
@@ -102,7 +95,7 @@ def assemble(outcome: RunOutcome, results: dict[str, ItemResult]) -> tuple[list[
                                 "data": {"text/plain": f"{score:g} / {max_score:g} points"}, "metadata": {}}]
             cell["execution_count"] = None
             cells_out.append({"grade_id": gid, "score": score, "max_score": max_score,
-                              "error": not_checked(result)})
+                              "error": unchecked.get(item, not_checked(None))})
         else:
             outputs = outcome.outputs.get(index, [])
             if outcome.ended_at is not None and index > outcome.ended_at and not outputs:
@@ -112,19 +105,6 @@ def assemble(outcome: RunOutcome, results: dict[str, ItemResult]) -> tuple[list[
             cell["outputs"] = outputs
             cell["execution_count"] = outcome.counts.get(index)
     return cells_out, problems
-
-
-def copied_reference_problems(nb: dict, items: list[str]) -> list[dict]:
-    """``copied_reference`` problems for code that closely matches an item's reference."""
-    sources = []
-    for index, cell in enumerate(nb["cells"]):
-        if cell.get("cell_type") == "code" and not nbgrader_meta(cell).get("locked"):
-            source = cell.get("source", "")
-            sources.append((cell_label(index, cell), "".join(source) if isinstance(source, list) else str(source)))
-    return [problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
-                                        f"{f['item']} (similarity {f['similarity']:.2f}); check it was not copied",
-                    f"test_{f['item']}") for f in find_copies(sources, items)]
-
 
 
 def not_checked(result: ItemResult | None) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..course import Course
+from ..course.settings import Workbook
 from ..sealing import isolation
 from ..sealing.sandbox import Limits
 
@@ -35,6 +37,20 @@ class GradingOptions:
     isolation: str = ""  # "bubblewrap" (the default), "container", or "none" (= unsafe_no_sandbox)
     container_user: str = "workbook-student"
     in_process: bool = False  # run and judge in this process, one job after another (no worker processes)
+
+    @classmethod
+    def from_settings(cls, course: Course, settings: Workbook, gpu: bool = False, **chosen) -> "GradingOptions":
+        """The options ``c.Workbook`` in nbgrader_config.py gives (with a command line's flags on
+        top: :func:`autograder.course.settings.workbook_settings`), and ``chosen`` (students,
+        unsafe_no_sandbox, force). A cell's time limit defaults to nbgrader's
+        ``Execute.timeout``; the memory limit to 4096 MB, none with ``gpu`` (CUDA reserves a
+        large address space)."""
+        cell_timeout = settings.cell_timeout or int(course.setting("Execute", "timeout", 300))
+        memory = settings.memory_mb if settings.memory_mb >= 0 else (0 if gpu else 4096)
+        limits = Limits(cell_timeout=cell_timeout, notebook_timeout=settings.notebook_timeout,
+                        memory_mb=memory or None, max_output_kb=settings.max_output_kb)
+        return cls(workers=settings.workers, limits=limits, threads_per_kernel=settings.threads, gpu=gpu,
+                   scheduler=settings.scheduler or None, **chosen)
 
     def sealed_by(self) -> str:
         """How submissions are sealed off: ``bubblewrap``, ``container`` or ``none``

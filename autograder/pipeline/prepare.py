@@ -37,6 +37,7 @@ from traitlets.config import Config
 from ..course import Course, CourseError, read_json, with_retry
 from ..course.manifest import course_manifest, manifest_fingerprint
 from ..course.problems import WHOLE_SUBMISSION, problem
+from ..course.release import recorded_notebooks
 from ..course.settings import intake_limits
 from ..doors import intake
 from ..doors.intake import IntakeLimits, Refused, shown
@@ -53,7 +54,6 @@ _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
 
-
 @dataclass
 class Batch:
     """One assignment's grading, as the prepare stage sees it: what every job shares."""
@@ -61,6 +61,8 @@ class Batch:
     course: Course
     assignment: str
     options: GradingOptions
+    notebooks: list[str]  # the assignment's, as the gradebook records them
+    students: list[str]  # whose submissions are graded
     scratch: Path  # the jobs' folders and the sandbox's course copies (removed by :meth:`clean`)
     secret: bytes
     settings: str  # what a submission's fingerprint depends on besides its own files
@@ -71,38 +73,44 @@ class Batch:
     copies: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, course: Course, assignment: str, options: GradingOptions, notebooks: list[str],
+    def start(cls, course: Course, assignment: str, options: GradingOptions,
               container_user: dict | None = None) -> "Batch":
-        """A new batch, with its scratch folder (outside the course folder: no sandbox may see
-        the course)."""
-        scratch = Path(tempfile.mkdtemp(prefix="workbook-autograde-"))
-        if scratch.resolve().is_relative_to(course.root):
-            raise CourseError(f"the scratch folder {scratch} is inside the course folder; set TMPDIR elsewhere")
-        scratch.chmod(0o711)
+        """A new batch of ``options.students`` (default: everyone who handed the assignment in),
+        with its scratch folder (outside the course folder: no sandbox may see the course)."""
+        notebooks = recorded_notebooks(course, assignment)
+        students = options.students or course.submitted_students(assignment)
+        unknown = [s for s in options.students or [] if not course.submission_dir(s, assignment).is_dir()]
+        if unknown:
+            raise CourseError(f"no submission of {assignment} for: {', '.join(unknown)}")
+        checksums = {n: released_checksums(course, assignment, n) for n in notebooks}
+        collect_log = read_json(course.collect_log_path(assignment), {}) or {}
         secret = course_secret(course)
         sealed_by = options.sealed_by()
         settings = json.dumps({"limits": options.limits.__dict__, "unsafe": sealed_by == "none",
                                "container": sealed_by == "container", "gpu": options.gpu,
                                "course": course_fingerprint(course), "secret": hashlib.sha256(secret).hexdigest()[:8]},
                               sort_keys=True)
-        return cls(course, assignment, options, scratch, secret, settings,
-                   read_json(course.collect_log_path(assignment), {}) or {},
-                   {n: released_checksums(course, assignment, n) for n in notebooks}, intake_limits(course),
-                   container_user)
+        rules = intake_limits(course)
+        scratch = Path(tempfile.mkdtemp(prefix="workbook-autograde-"))
+        if scratch.resolve().is_relative_to(course.root):
+            raise CourseError(f"the scratch folder {scratch} is inside the course folder; set TMPDIR elsewhere")
+        scratch.chmod(0o711)
+        return cls(course, assignment, options, notebooks, students, scratch, secret, settings, collect_log, checksums,
+                   rules, dict(container_user) if container_user else None)
 
     def clean(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
-    def tasks(self, gb: Gradebook, students: list[str], notebooks: list[str]) -> dict[str, Task]:
+    def tasks(self, gb: Gradebook) -> dict[str, Task]:
         """Every student's notebooks read and repaired (cheap, sequential, the gradebook's
         only reads), keyed ``<student>/<notebook>``; each student and submission recorded in
         the gradebook with the trusted time of collect (never the student's own file)."""
         tasks: dict[str, Task] = {}
-        for student in students:
+        for student in self.students:
             with_retry(gb, lambda: gb.update_or_create_student(student))
             timestamp = submission_time(self.collect_log, student)
             with_retry(gb, lambda: gb.update_or_create_submission(self.assignment, student, timestamp=timestamp))
-            for notebook in notebooks:
+            for notebook in self.notebooks:
                 tasks[f"{student}/{notebook}"] = self.task(gb, student, notebook, len(tasks))
         return tasks
 
@@ -332,7 +340,7 @@ def item_salt(secret: bytes, assignment: str, notebook: str, student: str, item:
 
 def course_fingerprint(course: Course) -> str:
     """A hash of what grading depends on: course_lib, the autograder, the assignment
-    sources and the config (:func:`autograder.pipeline.cluster.course_manifest`)."""
+    sources and the config (:func:`autograder.course.manifest.course_manifest`)."""
     return manifest_fingerprint(course_manifest(course))
 
 

@@ -14,8 +14,9 @@ import contextlib
 import fcntl
 import logging
 import re
+import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import nbformat
 from nbgrader import utils as nbutils
@@ -28,7 +29,7 @@ from ..course.problems import problem
 from ..doors.intake import scrub
 from .handoffs import Task, WorkerResult
 
-__all__ = ["Recorder", "exclusive", "TrustedAutoGrades", "zero_grades", "write_result", "save_grading_report",
+__all__ = ["Recorder", "writing", "exclusive", "TrustedAutoGrades", "zero_grades", "write_result", "save_grading_report",
            "exchange_secret"]
 
 _QUIET = logging.getLogger("autograder.quiet")
@@ -60,6 +61,15 @@ class Recorder:
         if self.progress:
             self.progress(dict(recorded, worker=worker) if worker else recorded)
 
+    def record_without_running(self, tasks: Iterable[Task]) -> None:
+        """What is known before anything runs: a notebook graded before with the same inputs
+        keeps its record; one with nothing to run is recorded with its problems."""
+        for task in tasks:
+            if task.kept:
+                self.kept(task)
+            elif task.job is None:
+                self.record(task, None)
+
     def kept(self, task: Task) -> None:
         """A notebook graded before with the same inputs: its record stays."""
         self._save(task.student, task.notebook, None)
@@ -74,6 +84,15 @@ class Recorder:
         self.reports[student] = save_grading_report(self.course, self.assignment, student, notebook, recorded,
                                                     self.notes.get(student, []))
         return self.reports[student]
+
+
+@contextlib.contextmanager
+def writing(course: Course, assignment: str) -> Iterator[Gradebook]:
+    """The gradebook, for one batch's writes (:func:`exclusive`; nbgrader's own SQLAlchemy
+    warnings silenced)."""
+    with exclusive(course, assignment), course.gradebook() as gb, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield gb
 
 
 @contextlib.contextmanager

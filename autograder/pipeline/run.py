@@ -29,9 +29,7 @@ from course_lib.grading.wire import WireLimits
 from ..inside.cells import is_test_cell, nbgrader_meta
 from ..inside.channel import MAX_FRAME, Channel, FrameReader, ProtocolError
 from ..sealing import container, isolation, sandbox
-from ..sealing.course_copy import reference_targets
 from .handoffs import Ending, Job, RunOutcome
-from .reference_oracle import Oracle
 from .run_protocol import Conversation
 from .run_transcript import Transcript
 
@@ -77,9 +75,7 @@ class Supervisor:
         self.course_copy = course_copy
         self.job_dir = job_dir
         self.uid = uid
-        self.isolation = isolation.resolve(job.get("isolation", ""))
         self.nb = json.loads(job["notebook"])
-        self.limits = sandbox.Limits(**job["limits"])
         self.device = torch.device(job.get("device", "cpu"))
         self.salts: dict[str, int] = job.get("salts", {})
         self.tests: dict[str, str] = {}  # grade_id -> item
@@ -90,14 +86,13 @@ class Supervisor:
                 self.tests[gid] = gid.removeprefix("test_")
                 test_cell.setdefault(gid.removeprefix("test_"), index)
         self.items = [i for i in self.tests.values() if known_item(i)]
-        self.transcript = Transcript(self.nb["cells"], self.limits)
-        self.oracle = Oracle(reference_targets(self.items), memory_mb=self.limits.memory_mb,
-                             timeout=min(60.0, float(self.limits.cell_timeout)))
-        self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts,
-                                         self.device, self.oracle, self.reply)
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
+        self.isolation = isolation.resolve(job.get("isolation", ""))
+        self.limits = sandbox.Limits(**job["limits"])
+        self.transcript = Transcript(self.nb["cells"], self.limits)
+        self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device)
 
     # -- starting -----------------------------------------------------------
     def _setup_message(self) -> dict:
@@ -153,6 +148,7 @@ class Supervisor:
         log.close()
         child.close()
         Channel(parent).send(self._setup_message())
+        self.conversation.sock = parent
 
     def stop(self) -> int | None:
         """Stop the sandbox and everything in it; its exit status (None if killed here)."""
@@ -176,7 +172,7 @@ class Supervisor:
             container.remove_user_files(user.uid)
         if self.sock is not None:
             self.sock.close()
-        self.oracle.close()
+        self.conversation.close()
         return code
 
     def memory_mb(self) -> float:
@@ -252,16 +248,6 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             return False
 
-    def reply(self, message: dict) -> None:
-        """Send a reply; a runner that stops reading cannot block the grader."""
-        self.sock.settimeout(30)
-        try:
-            Channel(self.sock).send(message)
-        except OSError as exc:
-            raise ProtocolError(f"the notebook's process does not read its replies ({exc})") from None
-        finally:
-            self.sock.settimeout(None)
-
     def outcome(self, exit_status: int | None) -> RunOutcome:
         """What the run kept, once the sandbox is gone (``exit_status``: its process's, None
         if it was killed here)."""
@@ -269,7 +255,7 @@ class Supervisor:
         run.finish(exit_status)
         return RunOutcome(self.nb, self.tests, self.items, self.salts, str(self.device), talk.plans, talk.answers,
                           run.outputs, run.counts, run.ending or Ending.FINISHED, run.reason, run.ended_at,
-                          run.events, self.isolation, self.survivors, self.oracle.calls)
+                          run.events, self.isolation, self.survivors, talk.oracle_calls)
 
 
 def _unsafe_env(course_copy: Path, fd: int, threads: int, job_dir: Path) -> dict[str, str]:

@@ -12,8 +12,9 @@ refused until its item has been graded. Nothing the notebook sends is read as a 
 
 from __future__ import annotations
 
+import socket
 import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -24,7 +25,8 @@ from course_lib.grading.wire import decode
 
 from ..course.problems import problem
 from ..inside.cells import is_test_cell, nbgrader_meta
-from ..inside.channel import ProtocolError
+from ..inside.channel import Channel, ProtocolError
+from ..sealing.course_copy import reference_targets
 from .handoffs import Ending
 from .reference_oracle import Oracle
 from .run_transcript import Transcript
@@ -35,20 +37,20 @@ MAX_ANSWERS = 256 * 2**20  # all the answers of one item
 
 
 class Conversation:
-    """Answers the messages of one notebook's run (:meth:`handle`); ``reply(message)`` sends one
-    back. Raises :class:`ProtocolError` for a message out of order or of an unknown kind."""
+    """Answers the messages of one notebook's run (:meth:`handle`) over ``sock`` (set once the
+    runner has started). Raises :class:`ProtocolError` for a message out of order or of an
+    unknown kind, and when the runner does not read its replies."""
 
     def __init__(self, transcript: Transcript, tests: dict[str, str], items: list[str], test_cell: dict[str, int],
-                 salts: dict[str, int], device: torch.device, oracle: Oracle,
-                 reply: Callable[[dict], None]) -> None:
+                 salts: dict[str, int], device: torch.device) -> None:
+        self.sock: socket.socket | None = None
         self.transcript = transcript
         self.tests = tests  # grade_id -> item
         self.items = items
         self.test_cell = test_cell  # item -> index of its (first) test cell
         self.salts = salts
         self.device = device
-        self.oracle = oracle
-        self.reply = reply
+        self.oracle: Oracle | None = None  # made when a stub first asks
         self.plans: dict[str, Any] = {}
         self.answers: dict[str, list[list[Any]]] = {}
         self.answer_bytes: dict[str, int] = {}
@@ -88,7 +90,7 @@ class Conversation:
         elif kind == "visible_answers":
             self.visible_answers(message)
         elif kind == "oracle":
-            self.reply({"type": "oracle_result", **self.oracle.ask(message, self.not_yet_graded())})
+            self.reply({"type": "oracle_result", **self.ask_oracle(message)})
         elif kind == "exit":
             run.end(Ending.EXIT_CALLED, "the notebook called exit()",
                     message.get("index") if isinstance(message.get("index"), int) else run.current)
@@ -103,6 +105,34 @@ class Conversation:
                 run.truncate(index)
         else:
             raise ProtocolError(f"unknown message {kind[:40]!r}")
+
+    def reply(self, message: dict) -> None:
+        """Send a reply; a runner that stops reading cannot block the grader."""
+        self.sock.settimeout(30)
+        try:
+            Channel(self.sock).send(message)
+        except OSError as exc:
+            raise ProtocolError(f"the notebook's process does not read its replies ({exc})") from None
+        finally:
+            self.sock.settimeout(None)
+
+    def ask_oracle(self, message: dict) -> dict:
+        """A stub's call of one of the notebook's graded references, answered by the oracle
+        (its memory and time bounded as the notebook's), refused while the item is not graded."""
+        if self.oracle is None:
+            limits = self.transcript.limits
+            self.oracle = Oracle(reference_targets(self.items), memory_mb=limits.memory_mb,
+                                 timeout=min(60.0, float(limits.cell_timeout)))
+        return self.oracle.ask(message, self.not_yet_graded())
+
+    @property
+    def oracle_calls(self) -> int:
+        return self.oracle.calls if self.oracle is not None else 0
+
+    def close(self) -> None:
+        """Stop the oracle's process, if one started."""
+        if self.oracle is not None:
+            self.oracle.close()
 
     def not_yet_graded(self) -> set[str]:
         """Items whose test cell has not finished: their references are refused, so that

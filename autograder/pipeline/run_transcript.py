@@ -17,24 +17,11 @@ from typing import Any
 
 from ..course.problems import problem
 from ..doors.outbound import clean_output, clean_text
-from ..inside.cells import is_test_cell, nbgrader_meta
+from ..inside.cells import cell_label, is_test_cell, nbgrader_meta
 from ..sealing.sandbox import Limits
 from .handoffs import Ending
 
-__all__ = ["Transcript", "cell_label", "cell_errors", "exit_words"]
-
-
-def cell_label(index: int, cell: dict) -> str:
-    gid = nbgrader_meta(cell).get("grade_id", "")
-    return f"cell {index}" + (f" ({gid})" if gid else "")
-
-
-def _size(output: dict) -> int:
-    if output["output_type"] == "stream":
-        return len(output["text"])
-    if output["output_type"] == "error":
-        return len(output["evalue"]) + sum(len(t) for t in output["traceback"])
-    return sum(len(v) for v in output["data"].values())
+__all__ = ["Transcript", "cell_errors", "exit_words"]
 
 
 @dataclass
@@ -86,7 +73,10 @@ class Transcript:
         clean = clean_output(output)
         if clean is None or index in self.truncated:
             return
-        size = _size(clean)
+        kind = clean["output_type"]
+        size = (len(clean["text"]) if kind == "stream" else
+                len(clean["evalue"]) + sum(len(t) for t in clean["traceback"]) if kind == "error" else
+                sum(len(v) for v in clean["data"].values()))
         cell_cap = self.limits.max_output_kb * 1024
         nb_cap = self.limits.max_notebook_output_kb * 1024
         used = self.used.get(index, 0)

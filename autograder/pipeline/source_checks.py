@@ -1,6 +1,8 @@
-"""Flag solutions copied from course_lib's references (run in the grader's process).
+"""What the grader reads in the student's code, once the run is over (in the grader's
+process): :func:`read_source` gives, per item, a forbidden callable its solution cell names,
+and the copies of course_lib's references found anywhere, as problems.
 
-A student can paste a reference's code into a solution cell, or hide a private copy
+Copies. A student can paste a reference's code into a solution cell, or hide a private copy
 of it under another name. Neither calls the reference, so the sandbox cannot catch
 it; a comparison of the code can. Each function and class the student wrote is
 *normalised* (docstrings and comments dropped, every local name replaced by a
@@ -21,10 +23,46 @@ import textwrap
 from functools import lru_cache
 from typing import Iterable
 
-__all__ = ["normalise", "find_copies", "MIN_NODES", "THRESHOLD"]
+from ..course.problems import problem
+from ..inside.cells import cell_label, nbgrader_meta
+
+__all__ = ["read_source", "normalise", "find_copies", "forbidden_uses", "MIN_NODES", "THRESHOLD"]
 
 MIN_NODES = 150  # references smaller than this are not compared (a correct solution is forced to look alike)
 THRESHOLD = 0.93  # similarity (0..1) of normalised token streams reported as a copy
+
+
+def read_source(nb: dict, items: list[str]) -> tuple[dict[str, str], list[dict]]:
+    """``(forbidden, copies)``: item -> the reason of a forbidden callable its solution cell
+    names ("" for none), and a ``copied_reference`` problem for each definition that closely
+    matches an item's reference."""
+    from course_lib.grading import get_spec
+
+    forbidden = {item: forbidden_in_solution(nb, item, get_spec(item).forbidden) for item in items}
+    return forbidden, copied_reference_problems(nb, items)
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def forbidden_in_solution(nb: dict, item: str, forbidden: dict) -> str:
+    """A forbidden callable named in the item's solution cell (found in the code, here)."""
+    for cell in nb["cells"]:
+        meta = nbgrader_meta(cell)
+        if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id") == item:
+            return forbidden_uses(_source(cell), forbidden)
+    return ""
+
+
+def copied_reference_problems(nb: dict, items: list[str]) -> list[dict]:
+    """``copied_reference`` problems for code that closely matches an item's reference."""
+    sources = [(cell_label(index, cell), _source(cell)) for index, cell in enumerate(nb["cells"])
+               if cell.get("cell_type") == "code" and not nbgrader_meta(cell).get("locked")]
+    return [problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
+                                        f"{f['item']} (similarity {f['similarity']:.2f}); check it was not copied",
+                    f"test_{f['item']}") for f in find_copies(sources, items)]
 
 
 class _Normaliser(ast.NodeTransformer):

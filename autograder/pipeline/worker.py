@@ -1,6 +1,6 @@
 """What a grading worker does with one job: run the notebook sealed off (autograder/pipeline/run.py),
-then judge what the run kept, in this process, after the sandbox is gone
-(autograder/pipeline/judge.py). Local workers (autograder/pipeline/pool.py), Dask tasks
+then, in this process, after the sandbox is gone, read the student's source
+(autograder/pipeline/source_checks.py) and judge what the run kept (autograder/pipeline/judge.py). Local workers (autograder/pipeline/pool.py), Dask tasks
 (autograder/pipeline/cluster.py) and a batch graded in the instructor's process all call
 :func:`grade_job`; none of them touches the gradebook."""
 
@@ -16,8 +16,9 @@ from typing import Any
 
 from ..sealing.sandbox import SANDBOX_UID_BASE, SandboxUnavailable
 from .handoffs import Job, WorkerResult
-from .judge import assemble, copied_reference_problems, judge
+from .judge import judge
 from .run import run_notebook
+from .source_checks import read_source
 
 __all__ = ["grade_notebook", "grade_job", "grade_job_in_this_worker", "init_worker", "WORKER_MEMORY"]
 
@@ -64,10 +65,10 @@ def grade_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int = SANDBO
     started = time.monotonic()
     job_dir.mkdir(parents=True, exist_ok=True)
     outcome = run_notebook(job, course_copy, job_dir, uid)
-    results = judge(outcome)
-    cells, unchecked = assemble(outcome, results)
-    problems = outcome.events + unchecked + copied_reference_problems(outcome.notebook, outcome.items)
-    return {"notebook": json.dumps(outcome.notebook), "cells": cells,
-            "items": {k: v.as_data() for k, v in results.items()}, "problems": problems,
+    forbidden, copies = read_source(outcome.notebook, outcome.items)
+    verdict = judge(outcome, forbidden)
+    return {"notebook": json.dumps(outcome.notebook), "cells": verdict.cells,
+            "items": {k: v.as_data() for k, v in verdict.results.items()},
+            "problems": outcome.events + verdict.problems + copies,
             "seconds": time.monotonic() - started, "oracle_calls": outcome.oracle_calls,
             "isolation": outcome.isolation, "survivors": outcome.survivors}
