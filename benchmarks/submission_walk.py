@@ -7,7 +7,9 @@ It builds a throw-away course with one notebook released and one submission (the
 notebook), then grades it twice with the code traced (``sys.setprofile``):
 
 1. ``course``: ``workbook autograde`` from the command line (local worker processes): every
-   function of ``autograder/`` that receives the course (as an argument, or as ``self``);
+   function of ``autograder/`` that receives the course (as an argument, or as ``self``); also
+   counted without the course's own methods (``Course.submission_dir`` and the like, which
+   every stage asks);
 2. ``job``: the same submission graded again in this process (``in_process``, ``force``):
    every function of ``autograder/`` called while the grading worker's entry point runs
    (the job's run in its sandbox, its judgement), from its first call into the worker module
@@ -56,19 +58,26 @@ class Walk:
             self.seen.add(code)
             self.path.append((module, code.co_qualname))
 
-    def stops(self) -> list[tuple[str, list[str]]]:
+    def stops(self, leave_out: str = "") -> list[tuple[str, list[str]]]:
         out: list[tuple[str, list[str]]] = []
         for module, function in self.path:
+            if leave_out and function.split(".")[0] == leave_out:
+                continue
             if out and out[-1][0] == module:
                 out[-1][1].append(function)
             else:
                 out.append((module, [function]))
         return out
 
-    def summary(self, name: str) -> str:
+    def summary(self, name: str, leave_out: str = "") -> str:
         stops = self.stops()
         modules = {m for m, _ in stops}
         lines = [f"{name}: {len(modules)} modules, {len(stops)} stops, {len(stops) - len(modules)} returns"]
+        if leave_out:
+            fewer = self.stops(leave_out)
+            kept = {m for m, _ in fewer}
+            lines.append(f"  (without {leave_out}'s own methods: {len(kept)} modules, {len(fewer)} stops, "
+                         f"{len(fewer) - len(kept)} returns)")
         left: set[str] = set()
         for module, functions in stops:
             mark = "  (return)" if module in left else ""
@@ -179,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.setprofile(None)
         score = reports[0]["score"]
         print(f"alice scored {score:g} of {reports[0]['max_score']:g}\n")
-        print(walks[0].summary("course through `workbook autograde`"))
+        print(walks[0].summary("course through `workbook autograde`", leave_out="Course"))
         print()
         print(job_walk.summary("job through the grading worker"))
     finally:
