@@ -55,8 +55,8 @@ def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int) -> RunOut
         supervisor.start()
         supervisor.serve()
     finally:
-        status = supervisor.stop()
-    return supervisor.outcome(status)
+        outcome = supervisor.stop()
+    return outcome
 
 
 def known_item(item: str) -> bool:
@@ -150,8 +150,9 @@ class Supervisor:
         Channel(parent).send(self._setup_message())
         self.conversation.sock = parent
 
-    def stop(self) -> int | None:
-        """Stop the sandbox and everything in it; its exit status (None if killed here)."""
+    def stop(self) -> RunOutcome:
+        """Stop the sandbox and everything in it (and the oracle); what the run kept, and how
+        it ended (with the runner's exit status, unless it was killed here)."""
         code = None
         if self.process is not None:
             try:
@@ -172,8 +173,12 @@ class Supervisor:
             container.remove_user_files(user.uid)
         if self.sock is not None:
             self.sock.close()
-        self.conversation.close()
-        return code
+        run, talk = self.transcript, self.conversation
+        run.finish(code)
+        talk.close()
+        return RunOutcome(self.nb, self.tests, self.items, self.salts, str(self.device), talk.plans, talk.answers,
+                          run.outputs, run.counts, run.ending or Ending.FINISHED, run.reason, run.ended_at,
+                          run.events, self.isolation, self.survivors, talk.oracle_calls)
 
     def memory_mb(self) -> float:
         """Memory in use by all of the notebook's processes."""
@@ -247,15 +252,6 @@ class Supervisor:
             return True
         except subprocess.TimeoutExpired:
             return False
-
-    def outcome(self, exit_status: int | None) -> RunOutcome:
-        """What the run kept, once the sandbox is gone (``exit_status``: its process's, None
-        if it was killed here)."""
-        run, talk = self.transcript, self.conversation
-        run.finish(exit_status)
-        return RunOutcome(self.nb, self.tests, self.items, self.salts, str(self.device), talk.plans, talk.answers,
-                          run.outputs, run.counts, run.ending or Ending.FINISHED, run.reason, run.ended_at,
-                          run.events, self.isolation, self.survivors, talk.oracle_calls)
 
 
 def _unsafe_env(course_copy: Path, fd: int, threads: int, job_dir: Path) -> dict[str, str]:

@@ -51,6 +51,7 @@ class Conversation:
         self.salts = salts
         self.device = device
         self.oracle: Oracle | None = None  # made when a stub first asks
+        self.oracle_calls = 0
         self.plans: dict[str, Any] = {}
         self.answers: dict[str, list[list[Any]]] = {}
         self.answer_bytes: dict[str, int] = {}
@@ -119,15 +120,14 @@ class Conversation:
     def ask_oracle(self, message: dict) -> dict:
         """A stub's call of one of the notebook's graded references, answered by the oracle
         (its memory and time bounded as the notebook's), refused while the item is not graded."""
+        refused = self.not_yet_graded()
         if self.oracle is None:
             limits = self.transcript.limits
             self.oracle = Oracle(reference_targets(self.items), memory_mb=limits.memory_mb,
                                  timeout=min(60.0, float(limits.cell_timeout)))
-        return self.oracle.ask(message, self.not_yet_graded())
-
-    @property
-    def oracle_calls(self) -> int:
-        return self.oracle.calls if self.oracle is not None else 0
+        answer = self.oracle.ask(message, refused)
+        self.oracle_calls = self.oracle.calls
+        return answer
 
     def close(self) -> None:
         """Stop the oracle's process, if one started."""
