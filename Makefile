@@ -116,10 +116,10 @@ bench: $(STAMP)
 
 # Regenerate the student notebooks in notebooks/ from solutions/.
 release: $(STAMP)
-	$(BIN)/python -m autograder.release
+	$(BIN)/python -m autograder.course.release
 
 check-release: $(STAMP)
-	$(BIN)/python -m autograder.release --check
+	$(BIN)/python -m autograder.course.release --check
 
 clean-grading:
 	rm -rf grading

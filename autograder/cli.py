@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from .course import Course, CourseError
-from .intake import shown
+from .doors.intake import shown
 
 __all__ = ["main", "build_parser"]
 
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("autograde", help="autograde submissions in parallel")
     p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
     p.add_argument("-s", "--student", action="append", help="only this student (repeatable)")
-    # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/settings.py)
+    # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/course/settings.py)
     p.add_argument("-j", "--workers", type=_positive, help="worker processes (default: one per core)")
     p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
     p.add_argument("--notebook-timeout", type=_positive, help="seconds per notebook (default 1800)")
@@ -176,33 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_roster(path: str) -> set[str]:
-    """The student ids of a roster: one id a line, a CSV with an ``id`` column, or an LMS's
-    export (Canvas's user ids, Blackboard's usernames: what their downloads name files by)."""
-    import csv
-
-    from .lms import read_roster, roster_ids
-    try:
-        roster = read_roster(path)
-    except CourseError:
-        roster = None
-    if roster is not None and roster.lms != "workbook":
-        return roster_ids(roster)
-    text = Path(path).read_text(encoding="utf-8")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines and "," in lines[0]:
-        rows = list(csv.DictReader(lines))
-        key = next((k for k in ("id", "student_id", "student", "username") if k in rows[0]), None)
-        if key is None:
-            raise CourseError(f"{path}: a CSV roster needs an 'id' column")
-        return {r[key].strip() for r in rows if r[key].strip()}
-    if lines and lines[0].lower() in ("id", "student_id", "student", "username"):
-        lines = lines[1:]  # a one-column roster's header
-    return set(lines)
-
-
 def _lms_export(course: Course, args: argparse.Namespace) -> int:
-    from .lms import lms_export
+    from .platforms.lms import lms_export
     explicit = {}
     for item in args.column:
         notebook, sep, header = item.partition("=")
@@ -220,31 +195,18 @@ def _lms_export(course: Course, args: argparse.Namespace) -> int:
 def _check(course: Course) -> int:
     """What `make setup` runs last: whether `workbook autograde` can seal submissions off here,
     whether the gradebook opens, and whether nbgrader's exchange is the grader's (no folder of it a
-    student's: :func:`autograder.collect.exchange_problems`); each problem with its fix."""
-    from .sandbox import SandboxUnavailable, check_available
+    student's: :func:`autograder.pipeline.collect.exchange_problems`); each problem with its fix."""
+    from .sealing.sandbox import SandboxUnavailable, check_available
     ready = True
     try:
         print(f"sandbox: ready (bubblewrap at {check_available()})")
     except SandboxUnavailable as exc:
         print(f"sandbox: NOT READY: {exc}")
         ready = False
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-    try:
-        url = make_url(course.db_url)
-    except ArgumentError:  # open_gradebook below says what is wrong with it
-        url = None
-    if url is not None and url.get_backend_name() == "sqlite":
-        print(f"gradebook: a SQLite file, {url.database} (made by the first `workbook release`)")
-    else:
-        try:
-            with course.gradebook():
-                pass
-            print(f"gradebook: ready ({url.render_as_string(hide_password=True)})")
-        except CourseError as exc:
-            print(f"gradebook: NOT READY: {exc}")
-            ready = False
-    from .collect import exchange_inbound, exchange_problems
+    gradebook, words = course.gradebook_ready()
+    print(f"gradebook: {words}")
+    ready = ready and gradebook
+    from .pipeline.collect import exchange_inbound, exchange_problems
     if course.course_id:
         exchange = exchange_inbound(course).parent
         untrusted = exchange_problems(course)
@@ -261,7 +223,7 @@ def _check(course: Course) -> int:
 
 
 def _release(course: Course, args: argparse.Namespace) -> int:
-    from . import release
+    from .course import release
     which = [args.assignment] if args.assignment else None
     if which and which[0] not in release.assignments(course):
         raise CourseError(f"no assignment {which[0]!r} in {course.source_dir}; known: "
@@ -274,8 +236,9 @@ def _release(course: Course, args: argparse.Namespace) -> int:
 
 
 def _collect(course: Course, args: argparse.Namespace) -> int:
-    from .collect import collect, collect_exchange
-    roster = _read_roster(args.roster) if args.roster else None
+    from .pipeline.collect import collect, collect_exchange
+    from .platforms.lms_roster import roster_file_ids
+    roster = roster_file_ids(args.roster) if args.roster else None
     if args.exchange:
         clash = [flag for flag, given in (("SOURCE", args.source), ("--pattern", args.pattern),
                                           ("--timezone", args.timezone)) if given]
@@ -309,46 +272,37 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
 
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
-    from .autograde import GradingOptions, Limits, autograde
-    from .sandbox import SandboxUnavailable
+    from .course.settings import workbook_settings
+    from .pipeline.autograde import autograde
+    from .pipeline.options import GradingOptions
+    from .sealing.sandbox import SandboxUnavailable
     assignments = args.assignments or course.submitted_assignments()
     if not assignments:
         raise CourseError(f"no submissions in {course.submitted_dir}: run `workbook collect` first")
-    from .settings import workbook_settings
     settings = workbook_settings(course, workers=args.workers, cell_timeout=args.cell_timeout,
                                  notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
                                  max_output_kb=args.max_output_kb, threads=args.threads, scheduler=args.scheduler)
-    cell_timeout = settings.cell_timeout or int(course.setting("Execute", "timeout", 300))
-    memory = settings.memory_mb if settings.memory_mb >= 0 else (0 if args.gpu else 4096)
-    limits = Limits(cell_timeout=cell_timeout, notebook_timeout=settings.notebook_timeout,
-                    memory_mb=memory or None, max_output_kb=settings.max_output_kb)
-    options = GradingOptions(workers=settings.workers, limits=limits, threads_per_kernel=settings.threads,
-                             students=args.student, unsafe_no_sandbox=args.unsafe_no_sandbox, gpu=args.gpu,
-                             force=args.force, scheduler=settings.scheduler or None)
+    options = GradingOptions.from_settings(course, settings, students=args.student, gpu=args.gpu, force=args.force,
+                                           unsafe_no_sandbox=args.unsafe_no_sandbox)
     if args.unsafe_no_sandbox:
         print("warning: grading WITHOUT the sandbox: submissions' code runs with your privileges; every grade "
               "written is marked unverified.", file=sys.stderr)
     else:
         try:
-            from .sandbox import check_available
+            from .sealing.sandbox import check_available
             check_available()
         except SandboxUnavailable as exc:
             raise CourseError(f"cannot grade safely: {exc}") from None
-    from .reports import check_assignments
-    check_assignments(course, args.assignments, released=True)
+    course.check_assignments(args.assignments, released=True)
     for assignment in assignments:
-        unknown = [s for s in args.student or [] if s not in course.submitted_students(assignment)]
-        if unknown:
-            known = course.submitted_students(assignment)
-            raise CourseError(f"no submission of {assignment} for: {', '.join(map(shown, unknown))} (collected: "
-                              f"{', '.join(known[:8]) + (' …' if len(known) > 8 else '') if known else 'nobody'})")
+        course.check_submitted(assignment, args.student)
     for assignment in assignments:
         bar = None
         counts = {"kept": 0, "graded": 0}
         if not args.quiet:
             from tqdm.auto import tqdm
-            from .cluster import WorkerTally
-            from .release import recorded_notebooks
+            from .pipeline.cluster import WorkerTally
+            from .course.release import recorded_notebooks
             total = len(args.student or course.submitted_students(assignment)) * \
                 len(recorded_notebooks(course, assignment))
             bar = tqdm(total=total, desc=f"autograde {assignment}", unit="notebook")
@@ -389,7 +343,7 @@ def _graded_words(reports: list[dict], counts: dict[str, int]) -> str:
 
 
 def _feedback(course: Course, args: argparse.Namespace) -> int:
-    from .feedback import generate_feedback
+    from .reports.feedback import generate_feedback
     assignments = args.assignments or sorted(p.name for p in course.reports_dir.glob("*") if p.is_dir())
     if not assignments:
         raise CourseError("nothing graded yet: run `workbook autograde` first")
@@ -404,8 +358,7 @@ def _feedback(course: Course, args: argparse.Namespace) -> int:
 
 def _due(course: Course, args: argparse.Namespace) -> int:
     from nbgrader.utils import parse_utc
-    from .reports import check_assignments
-    check_assignments(course, [args.assignment] if args.assignment else None)
+    course.check_assignments([args.assignment] if args.assignment else None)
     with course.gradebook() as gb:
         if args.date is not None:
             if args.date.lower() == "none":
@@ -430,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command not in ("formgrader", "scheduler", "worker"):  # these pass options on
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command in ("scheduler", "worker"):
-        from .cluster import exec_dask
+        from .pipeline.cluster import exec_dask
         try:
             course = (Course(args.course) if args.course else Course()).root if args.command == "worker" else None
         except (CourseError, FileNotFoundError) as exc:
@@ -440,21 +393,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         course = Course(args.course) if args.course else Course()
         if args.command not in ("gradebook", "check", "student-edition"):
-            from .migrate import check_switch
+            from .course.migrate import check_switch
             check_switch(course)  # a gradebook moved to a server, the grades left behind: say so, every time
         if args.command in ("feedback", "export", "report", "status"):
-            from .reports import check_assignments
-            check_assignments(course, getattr(args, "assignments", None))
+            course.check_assignments(getattr(args, "assignments", None))
         if args.command == "check":
             return _check(course)
         if args.command == "student-edition":
-            from .student_edition import write_edition
+            from .platforms.student_edition import write_edition
             for line in write_edition(course, Path(args.out), install_url=args.install_url):
                 print(f"  {line}")
             print(f"student edition written to {args.out}: its README says how to start (make lab)")
             return 0
         if args.command == "gradebook":
-            from .migrate import migrate
+            from .course.migrate import migrate
             copied = migrate(course, args.source, args.target)
             print("copied " + ", ".join(f"{n} {t}" for t, n in copied.items() if n) + " into the gradebook")
             return 0
@@ -471,14 +423,14 @@ def main(argv: list[str] | None = None) -> int:
                 return _lms_export(course, args)
             if args.roster or args.column:
                 raise CourseError("--roster and --column go with an LMS --format (canvas, moodle, blackboard)")
-            from .reports import export_csv
+            from .reports.grades import export_csv
             text = export_csv(course, args.output, args.assignments or None)
             print(text, end="")
             return 0
         if args.command == "due":
             return _due(course, args)
         if args.command == "gradescope":
-            from .gradescope import build
+            from .platforms.gradescope.build import build
             settings = build(course, args.assignment, Path(args.output), hidden=args.hidden,
                              timeout_minutes=args.timeout_minutes, memory_mb=args.memory_mb,
                              cell_timeout=args.cell_timeout)
@@ -489,17 +441,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"autograder timeout to {settings['timeout_minutes']} min and the memory as docs/gradescope.md says.")
             return 0
         if args.command == "report":
-            from .class_report import write_report
-            page = write_report(course, args.output, args.assignments or None, names=args.names)
+            from .reports.class_report import write_class_report
+            page = write_class_report(course, args.output, args.assignments or None, names=args.names)
             print(f"class report: {page} (data: report.json and CSV files beside it)")
             return 0
         if args.command == "formgrader":
-            from .formgrader import open_formgrader
-            from .reports import check_assignments
-            check_assignments(course, [args.assignment] if args.assignment else None)
+            from .platforms.formgrader import open_formgrader
+            course.check_assignments([args.assignment] if args.assignment else None)
             return open_formgrader(course, args.assignment, extra, hub=args.hub)
         if args.command == "status":
-            from .reports import status_table
+            from .reports.status import status_table
             print(status_table(course, args.assignments or None))
             return 0
     except (CourseError, FileNotFoundError) as exc:

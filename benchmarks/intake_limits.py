@@ -1,10 +1,10 @@
 """What the largest notebook a student may hand in costs the instructor's side, and what one
 just over the limits costs (it is refused before it is parsed).
 
-For each shape of notebook at the limits of ``c.Intake`` (autograder/intake.py) — the most
+For each shape of notebook at the limits of ``c.Intake`` (autograder/doors/intake.py) — the most
 bytes, the most cells, the deepest JSON, the most JSON values — and for the same shape one
 step over, each in a fresh process: reading it as ``collect`` and ``autograde`` do
-(:func:`autograder.intake.read_notebook`), and, for the accepted ones, rendering its
+(:func:`autograder.doors.intake.read_notebook`), and, for the accepted ones, rendering its
 feedback page as ``workbook feedback`` does (the sanitising exporter with the page budget).
 Printed: wall time and peak memory of the process, beside the course's own notebook 03 as
 the baseline measured in the same run.
@@ -27,7 +27,7 @@ MEASURE = r"""
 import json, resource, sys, time
 from pathlib import Path
 start = time.perf_counter()
-from autograder import intake
+from autograder.doors import intake
 data = Path(sys.argv[1]).read_bytes()
 try:
     nb, _ = intake.read_notebook(data, "nb.ipynb")
@@ -38,8 +38,8 @@ read = time.perf_counter() - start
 page = 0
 if nb is not None and sys.argv[2] == "page":
     from traitlets.config import Config
-    from autograder.feedback import SafeOutputs
-    from autograder.outbound import SafeHTMLExporter
+    from autograder.reports.feedback import SafeOutputs
+    from autograder.doors.outbound import SafeHTMLExporter
     cfg = Config()
     cfg.SafeOutputs.budget_mb = 5.0
     exporter = SafeHTMLExporter(config=cfg, template_name="classic")
@@ -75,7 +75,7 @@ def shapes(limits) -> dict[str, tuple[bytes, bytes]]:
         return _notebook([_markdown(0, "deep")], '{"x": %s}' % ("[" * (n - 2) + "]" * (n - 2)))
 
     def of_values(n: int) -> bytes:
-        from autograder.intake import IntakeLimits, scan_json
+        from autograder.doors.intake import IntakeLimits, scan_json
         around = scan_json(_notebook([_markdown(0, "wide")], '{"x": [1]}'), IntakeLimits(json_values=10**9))["values"]
         return _notebook([_markdown(0, "wide")], '{"x": [%s]}' % ",".join("1" * (n - around + 1)))
 
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from autograder.intake import IntakeLimits
+    from autograder.doors.intake import IntakeLimits
 
     limits = IntakeLimits()
     rows = []

@@ -28,8 +28,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import trees
-from autograder.sandbox import process_tree
+from autograder.sealing import trees
+from autograder.sealing.sandbox import process_tree
 
 
 

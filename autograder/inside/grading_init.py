@@ -1,8 +1,9 @@
 """course_lib.grading as a submission sees it while it is graded (copied into the sandbox's
-course_lib by autograder/stubs.py): grading runs outside this process, the checks live in
+course_lib by autograder/sealing/course_copy.py): grading runs outside this process, the checks live in
 the grader, which judges the answers this notebook's code gives."""
 
-from course_lib.grading.calls import Call, Invoke, Subject, perform  # noqa: F401 - what the notebooks import
+from course_lib.grading.calls import Call, Invoke, Subject  # noqa: F401 - what the notebooks import
+from course_lib.grading.perform import perform  # noqa: F401
 from course_lib.grading.spec import CheckFailed  # noqa: F401
 
 __all__ = ["check", "working_or_reference"]

@@ -9,7 +9,8 @@ In a test cell::
 """
 
 from .registry import all_specs, get_spec
-from .runner import ItemResult, Score, check, format_report, grade, working_or_reference
+from .results import ItemResult, Score, format_report
+from .runner import check, grade, working_or_reference
 from .spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 __all__ = [

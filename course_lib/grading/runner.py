@@ -1,43 +1,32 @@
-"""Run an item's check spec and report the result.
-
-A sub-check asks a :class:`Trial` for the student's answers to calls
-(:meth:`Trial.student`) and judges them: it compares them with the reference, checks
-properties and names catalogued mistakes. Where the answers come from is the
-Trial's *answer source*:
-
-- :class:`LocalAnswers` runs the student's implementation in this process (the
-  notebook's ``check(...)``, the tests): :func:`grade`;
-- :class:`RecordingAnswers` lets the reference answer and records every call:
-  :func:`plan_item` gives the *plan* of an item (what to run, on which inputs);
-- :class:`ReplayAnswers` hands out answers computed elsewhere (the student's
-  sandboxed process) in the planned order: :func:`judge_item` decides the points in
-  the grader's own process.
-
-Every answer crosses :mod:`course_lib.grading.wire`, also in-process, so the three
-paths see the same plain data. ``grade`` and ``judge_item`` never print and never
-raise for anything the student's code does.
+"""Run an item's check spec: here, on an implementation (:func:`grade`, and the notebook's
+``check``), or split in two for grading a submission: :func:`plan_item` (the calls to make,
+found by letting the reference answer) and :func:`judge_item` (the result, from answers
+computed elsewhere, in the grader's process). Every sub-check runs on a
+:class:`~course_lib.grading.trial.Trial`; the result is a
+:class:`~course_lib.grading.results.ItemResult`. ``grade`` and ``judge_item`` never print and
+never raise for anything the student's code does. Hidden inputs come from the check's salt
+(:func:`salted`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import re
 import traceback
-from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
 
 from ..device import get_device, torch_threads
-from .calls import (INVOKE, Call, Probe, ReferenceUsed, student_frame, is_reference, perform, qualified, quiet,
-                    unwatched)
+from .calls import qualified
+from .perform import student_frame
+from .results import ItemResult, Score, SubResult, format_report
+from .silence import quiet
 from .spec import CheckFailed, ItemSpec, SubCheck
-from .wire import decode, encode, to_plain
+from .trial import ItemPlan, LocalAnswers, RecordingAnswers, ReplayAnswers, Trial, mistake_named
+from .watch import ReferenceUsed, is_reference
 
-__all__ = ["Trial", "SubResult", "ItemResult", "Score", "grade", "check", "format_report", "quiet",
-           "unwatched", "working_or_reference", "LocalAnswers", "RecordingAnswers", "ReplayAnswers",
-           "ItemPlan", "plan_item", "judge_item", "salted", "current_salt"]
+__all__ = ["grade", "check", "working_or_reference", "plan_item", "judge_item", "salted", "current_salt"]
 
 
 # ---------------------------------------------------------------------------
@@ -67,263 +56,6 @@ def salted(salt: int) -> Iterator[None]:
         yield
     finally:
         _SALT.reset(token)
-
-
-# ---------------------------------------------------------------------------
-# Answer sources
-# ---------------------------------------------------------------------------
-
-def _call_bytes(call: Call) -> bytes:
-    return encode(call.as_data(), kind="call")
-
-
-class LocalAnswers:
-    """The implementation runs here, on the inputs as the other side of the wire would
-    see them, and its answer is made plain data."""
-
-    def __init__(self, spec: ItemSpec, impl: Any) -> None:
-        self.spec, self.impl = spec, impl
-
-    def answer(self, call: Call) -> dict:
-        sent = Call.from_data(decode(_call_bytes(call), kind="call"))
-        return to_plain(perform(self.spec, self.impl, sent))
-
-
-class RecordingAnswers:
-    """The reference answers; every call is recorded, segment by segment (one segment
-    per sub-check)."""
-
-    def __init__(self, spec: ItemSpec) -> None:
-        self.spec = spec
-        self.segments: list[list[bytes]] = []
-
-    def begin(self) -> None:
-        self.segments.append([])
-
-    def answer(self, call: Call) -> dict:
-        data = _call_bytes(call)
-        self.segments[-1].append(data)
-        answer = perform(self.spec, self.spec.reference, Call.from_data(decode(data, kind="call")), watch=False)
-        return to_plain(answer)
-
-
-class ReplayAnswers:
-    """Answers computed elsewhere, handed out in the order of the plan. A call that
-    differs from the planned one gets no answer (it would be a bug in a spec: the
-    calls a sub-check makes may not depend on the answers, except by stopping early)."""
-
-    def __init__(self, plan: "ItemPlan", answers: Sequence[Sequence[dict | None]]) -> None:
-        self.plan, self.answers = plan, answers
-        self.segment = -1
-        self.position = 0
-
-    def begin(self) -> None:
-        self.segment += 1
-        self.position = 0
-
-    def answer(self, call: Call) -> dict:
-        s, i = self.segment, self.position
-        self.position += 1
-        planned = self.plan.segments[s] if s < len(self.plan.segments) else []
-        if i >= len(planned) or _call_bytes(call) != planned[i]:
-            return {"ok": False, "kind": "no_answer", "text": "the grader asked for an answer it had not planned"}
-        got = self.answers[s][i] if s < len(self.answers) and i < len(self.answers[s]) else None
-        if got is None:
-            return {"ok": False, "kind": "no_answer", "text": "no answer came back for this call"}
-        return got
-
-
-# ---------------------------------------------------------------------------
-# A trial: one implementation under one spec
-# ---------------------------------------------------------------------------
-
-class Trial:
-    """What a sub-check uses: :meth:`student` (answers), :meth:`reference` and
-    :meth:`mistake_output` (computed here), :meth:`compare`, and :meth:`likely_mistake`.
-    All raise :class:`CheckFailed` with a student-facing message when something is wrong."""
-
-    def __init__(self, spec: ItemSpec, source: Any, device: torch.device, name_mistakes: bool = True) -> None:
-        self.spec = spec
-        self.source = source
-        self.device = device
-        self.name_mistakes = name_mistakes  # False: pass or fail only (no search of the catalogue)
-        self.warnings: list[str] = []
-
-    # -- running ---------------------------------------------------------
-    def student(self, inputs: dict, label: str = "", probe: Probe = INVOKE) -> Any:
-        """The student's answer for ``probe`` on ``inputs`` (plain data)."""
-        answer = self.source.answer(Call(self.spec.name, inputs, probe))
-        return self._unwrap(answer, label)
-
-    def _unwrap(self, answer: Any, label: str) -> Any:
-        name = self.spec.name
-        on = f" on {label}" if label else ""
-        if not isinstance(answer, dict):
-            raise CheckFailed(f"`{name}`{on}: the answer could not be read.")
-        if answer.get("ok") is True:
-            for w in answer.get("warnings") or []:
-                if isinstance(w, str) and w not in self.warnings:
-                    self.warnings.append(w[:300])
-            return answer.get("value")
-        kind = answer.get("kind")
-        text = str(answer.get("text", ""))[:2000]
-        if kind == "stub":
-            raise CheckFailed(f"`{name}` raised NotImplementedError{on}: it still contains the stub "
-                              "`raise NotImplementedError()`. Replace it with your code.", stop=True)
-        if kind == "recursion":
-            raise CheckFailed(f"`{name}` recursed without end{on}.")
-        if kind == "error":
-            exc = str(answer.get("exc", "an exception"))[:80]
-            where = str(answer.get("where", ""))[:300]
-            raise CheckFailed(f"`{name}` raised {exc}{on}{where}: {text[:300]}")
-        if kind == "check":
-            raise CheckFailed(text, stop=bool(answer.get("stop")))
-        if kind == "reference":
-            raise ReferenceUsed(text)
-        if kind == "missing":
-            raise CheckFailed(f"`{name}` is not defined when its test cell runs (its cell did not run, "
-                              "or raised an error).", stop=True)
-        raise CheckFailed(f"`{name}`{on}: {text or 'no answer'}", stop=kind == "no_answer")
-
-    def reference(self, inputs: dict, probe: Probe = INVOKE) -> Any:
-        """The reference's output on ``inputs``, as plain data."""
-        answer = perform(self.spec, self.spec.reference, Call(self.spec.name, inputs, probe), watch=False)
-        if not answer["ok"]:
-            raise RuntimeError(f"the reference of {self.spec.name} failed: {answer}")
-        return to_plain(answer["value"])
-
-    def mistake_output(self, impl: Any, inputs: dict, probe: Probe = INVOKE) -> Any:
-        """A catalogued mistake's output on ``inputs`` (None if it raises)."""
-        answer = perform(self.spec, impl, Call(self.spec.name, inputs, probe), watch=False)
-        return to_plain(answer["value"]) if answer["ok"] else None
-
-    # -- comparing -------------------------------------------------------
-    def likely_mistake(self, case: Any, got: Any, expected: Any, differ: Any = None,
-                       probe: Probe = INVOKE) -> str | None:
-        """The hint of the first catalogued mistake that reproduces ``got`` on ``case``.
-
-        ``differ(a, b)`` returns None when two outputs match (default:
-        :func:`~course_lib.grading.compare.describe_difference`, NaN equal to NaN when
-        matching the student's output)."""
-        if not self.name_mistakes:
-            return None
-        from .compare import describe_difference
-        names = self.spec.output_names
-        shows = differ or (lambda e, w: describe_difference(e, w, names))
-        same = differ or (lambda w, g: describe_difference(w, g, names, equal_nan=True))
-        for mistake in self.spec.mistakes:
-            wrong = self.mistake_output(mistake.impl, case.make(self.device), probe)
-            if wrong is None or shows(expected, wrong) is None:
-                continue  # this mistake does not show on this input
-            if same(wrong, got) is None:
-                return mistake.hint
-        return None
-
-    def compare(self, cases: Sequence[Any], probe: Probe = INVOKE, differ: Any = None) -> None:
-        """Compare the student's answer to ``probe`` with the reference's on each case;
-        ``differ(expected, got)`` says how they differ, None when they match (default:
-        :func:`~course_lib.grading.compare.describe_difference`)."""
-        from .compare import describe_difference
-        for case in cases:
-            expected = self.reference(case.make(self.device), probe)
-            got = self.student(case.make(self.device), case.label, probe)
-            problem = (differ or (lambda e, g: describe_difference(e, g, self.spec.output_names)))(expected, got)
-            if problem is None:
-                continue
-            message = f"On {case.label}: {problem}"
-            hint = self.likely_mistake(case, got, expected, differ=differ, probe=probe)
-            if hint:
-                message += f"\n{LIKELY_CAUSE}{hint}"
-            raise CheckFailed(message)
-
-
-# ---------------------------------------------------------------------------
-# Results
-# ---------------------------------------------------------------------------
-
-@dataclass
-class SubResult:
-    title: str
-    points: float
-    earned: float
-    hidden: bool
-    message: str = ""
-    mistake: str = ""  # the likely cause, by name (a catalogued mistake's name when it is one)
-
-    @property
-    def passed(self) -> bool:
-        """Earned its points; a sub-check worth no points (advice) passes only without a
-        message (a failing or skipped sub-check always has one)."""
-        return self.earned >= self.points and (self.points > 0 or not self.message)
-
-
-@dataclass
-class ItemResult:
-    item: str
-    results: list[SubResult]
-    graded: bool  # True when the hidden sub-checks ran too
-    total_points: float
-    reference_used: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def earned(self) -> float:
-        if self.reference_used:
-            return 0.0
-        return float(sum(r.earned for r in self.results))
-
-    @property
-    def score(self) -> float:
-        """Points for nbgrader: the real score when graded; when only the visible
-        sub-checks ran, their pass fraction scaled to the item's points."""
-        if self.graded or self.reference_used:
-            return self.earned
-        ran = sum(r.points for r in self.results)
-        return self.total_points * (self.earned / ran) if ran else 0.0
-
-    def as_data(self) -> dict:
-        return {"item": self.item, "graded": self.graded, "total_points": self.total_points,
-                "reference_used": self.reference_used, "notes": list(self.notes),
-                "results": [r.__dict__.copy() for r in self.results]}
-
-    @classmethod
-    def from_data(cls, data: dict) -> "ItemResult":
-        return cls(data["item"], [SubResult(**r) for r in data["results"]], data["graded"],
-                   data["total_points"], data.get("reference_used", ""), list(data.get("notes", [])))
-
-
-class Score(float):
-    """The points a check earned. Its ``repr`` is the bare number nbgrader reads."""
-
-    result: ItemResult
-
-    def __new__(cls, value: float, result: ItemResult) -> "Score":
-        obj = super().__new__(cls, round(value, 4))
-        obj.result = result
-        return obj
-
-    def __repr__(self) -> str:
-        return float.__repr__(self)
-
-    def _repr_markdown_(self) -> str:
-        """What JupyterLab shows below a test cell (nbgrader reads the plain number)."""
-        return f"**{float(self):g} / {self.result.total_points:g} points**"
-
-
-LIKELY_CAUSE = "Likely cause: "
-
-
-def mistake_named(spec: ItemSpec, message: str) -> str:
-    """The name of the likely cause a failure message gives: the catalogued mistake whose
-    hint it quotes, otherwise the hint's first clause; "" when it names no cause."""
-    _, found, hint = message.partition(LIKELY_CAUSE)
-    if not found:
-        return ""
-    known = [m for m in spec.mistakes if m.hint and m.hint in hint]
-    if known:
-        return max(known, key=lambda m: len(m.hint)).name
-    first = re.split(r"[:.;]\s", hint.strip(), maxsplit=1)[0]
-    return first[:80]
 
 
 def _run_subchecks(spec: ItemSpec, subchecks: Sequence[SubCheck], trial: Trial, result: ItemResult) -> None:
@@ -373,19 +105,6 @@ def grade(spec: ItemSpec, impl: Any, hidden: bool = False, device: torch.device 
     return result
 
 
-@dataclass
-class ItemPlan:
-    """What to run for one item: the encoded calls, one segment per sub-check."""
-
-    item: str
-    hidden: bool
-    segments: list[list[bytes]]
-
-    @property
-    def calls(self) -> list[bytes]:
-        return [c for seg in self.segments for c in seg]
-
-
 def plan_item(spec: ItemSpec, hidden: bool = True, device: torch.device | str | None = None,
               salt: int = 0) -> ItemPlan:
     """Every call the item's sub-checks make, found by letting the reference answer."""
@@ -411,49 +130,6 @@ def judge_item(spec: ItemSpec, plan: ItemPlan, answers: Sequence[Sequence[dict |
     with salted(salt), quiet():
         _run_subchecks(spec, subchecks, trial, result)
     return result
-
-
-def format_report(result: ItemResult) -> str:
-    """Plain-text report: one line when everything passes, details otherwise."""
-    name = result.item
-    if result.reference_used:
-        return (
-            f"✗ {name}: 0/{result.total_points:g} points. Your solution earns nothing because "
-            f"{result.reference_used}. Write the computation yourself; torch operations are fine."
-        )
-    n_pass = sum(r.passed for r in result.results)
-    n = len(result.results)
-    graded = [r for r in result.results if r.points > 0]  # the others are advice
-    lines: list[str] = []
-    if result.graded:
-        head = f"{name}: {result.earned:g}/{result.total_points:g} points"
-        g_pass = sum(r.passed for r in graded)
-        if n_pass == n:
-            lines.append(f"✓ {head} — " + ("the check passes." if n == 1 else f"all {n} checks pass."))
-        elif g_pass == len(graded):
-            lines.append(f"✓ {head} — all {len(graded)} graded checks pass; advice below.")
-        else:
-            lines.append(f"✗ {head} — {len(graded) - g_pass} of {len(graded)} graded checks failed.")
-    else:
-        if n_pass == n:
-            which = "the visible check passes" if n == 1 else f"the {n} visible checks pass"
-            lines.append(f"✓ {name}: {which}. The grader runs more checks on other inputs.")
-        elif all(r.passed for r in graded):
-            lines.append(f"✓ {name}: the graded visible checks pass; advice below. The grader runs more checks "
-                         "on other inputs.")
-        else:
-            lines.append(f"✗ {name}: {n - n_pass} of {n} visible checks failed.")
-    if n_pass != n:
-        for r in result.results:
-            mark = "✓" if r.passed else "✗"
-            pts = f" [{r.earned:g}/{r.points:g}]" if result.graded else ""
-            lines.append(f"  {mark} {r.title}{pts}")
-            if r.message == "not run":
-                lines[-1] += " (not run)"
-            elif not r.passed and r.message:
-                lines.extend("      " + line for line in r.message.splitlines())
-    lines.extend("  note: " + note for note in result.notes)
-    return "\n".join(lines)
 
 
 def check(item: str, impl: Any, hidden: bool = False, device: torch.device | str | None = None) -> Score:

@@ -60,7 +60,7 @@ class SubCheck:
 
     title: str
     points: float
-    run: Callable[["Trial"], None]  # noqa: F821  (runner.Trial)
+    run: Callable[["Trial"], None]  # noqa: F821  (trial.Trial)
     hidden: bool = False
 
 
@@ -82,7 +82,7 @@ class ItemSpec:
       function with keyword arguments, or build a module with the grader's weights and
       call its forward). It is carried out on the student's side, which knows nothing
       else of the spec. Sub-checks may also ask for the built-in probes ``gradients``,
-      ``layout`` and ``after`` (see :mod:`course_lib.grading.calls`).
+      ``layout`` and ``after`` (see :mod:`course_lib.grading.probes`).
     - ``output_names``: names of the parts of a tuple output, for messages.
     - ``forbidden``: extra callables whose use earns nothing, each with the reason.
     """

@@ -170,7 +170,8 @@ def test_graded_class_report_names_the_suites_planted_mistakes(graded_class, tmp
 def test_several_assignments_get_a_heat_map_weakest_first():
     """Pure: two notebooks, three students; the heat map has a row per student (the
     weakest first, grey where nothing was handed in) and a column per notebook."""
-    from autograder.class_report import Grading, render_html, summarize
+    from autograder.reports.class_data import Grading, summarize
+    from autograder.reports.class_report import render_html
 
     def g(assignment, student, score, items=None):
         return Grading(assignment, assignment, student, score, 10.0, score, 0.0,
@@ -199,7 +200,9 @@ def test_stubs_are_not_attempted_counts_share_one_denominator_and_examples_end_o
     to recognise); every count of an assignment is out of its students, also for a student
     whose notebook could not run; examples are cut at a word; the histogram counts whole
     students."""
-    from autograder.class_report import Grading, _score_figure, render_html, summarize
+    from autograder.reports.class_data import Grading, summarize
+    from autograder.reports.class_plots import score_figure
+    from autograder.reports.class_report import render_html
 
     def result(message: str, earned: float = 0.0) -> dict:
         return {"x": {"item": "x", "graded": True, "total_points": 2.0, "reference_used": "", "notes": [],
@@ -229,6 +232,6 @@ def test_stubs_are_not_attempted_counts_share_one_denominator_and_examples_end_o
     assert "Every count below is out of these 4 students." in page
     assert "full credit 1 of 4, partial 0, none 2, not attempted 1 (the stub as released)." in page
     assert "3 of 4 (75%)" in page
-    figure = _score_figure(a, "01_a")
+    figure = score_figure(a, "01_a")
     ticks = figure.axes[0].get_yticks()
     assert len(ticks) > 1 and all(float(t).is_integer() for t in ticks)

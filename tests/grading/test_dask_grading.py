@@ -24,12 +24,13 @@ from collections import Counter
 import nbformat
 import pytest
 
-from autograder.autograde import GradingOptions, Limits, autograde
+from autograder.pipeline.autograde import autograde
+from autograder.pipeline.options import GradingOptions, Limits
 from autograder.cli import main
-from autograder import cluster as worker_side
-from autograder import manifest as digests
-from autograder.cluster import QUIET_DASK, dask_environment
-from autograder.manifest import course_manifest, manifest_differences
+from autograder.course import manifest as digests
+from autograder.pipeline import cluster as worker_side
+from autograder.pipeline.cluster import QUIET_DASK, dask_environment
+from autograder.course.manifest import course_manifest, manifest_differences
 from autograder.course import Course
 from servers import REPO, DaskCluster, free_port
 from workbook_class import ClassBuilder, make_course

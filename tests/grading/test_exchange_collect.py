@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.collect import collect_exchange, exchange_inbound
+from autograder.pipeline.collect import collect_exchange, exchange_inbound
 from autograder.course import Course, CourseError
 from hubtools import Unreachable, can_act_as_others, make_env, runnable_python, shared_folder, umask
 
@@ -201,7 +201,7 @@ def test_a_hub_that_names_accounts_after_its_users_maps_each_id_to_its_account(h
     assert result.imported == {student: [A]}, (result.errors, result.rejected)
     assert [e for e in result.errors if "theirs is dadaemon" in e] and len(result.errors) == 1
     with pytest.raises(CourseError, match="exchange_account must hold"):
-        from autograder.settings import workbook_settings
+        from autograder.course.settings import workbook_settings
         workbook_settings(hub["course"], exchange_account="jupyter-")
 
 

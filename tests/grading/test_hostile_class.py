@@ -8,7 +8,7 @@ the notebook, one student each in 03 and 06, a function item and a module item, 
 three together as ``h_runner`` in the other notebooks):
 
 - ``h_rebind``: rebinds ``check``/``grade`` and patches ``course_lib.grading`` (and its
-  ``sys.modules`` entries, ``calls.perform``, the runner's channel) to claim full marks;
+  ``sys.modules`` entries, ``perform.perform``, the runner's channel) to claim full marks;
 - ``h_display``: replaces ``sys.displayhook`` and IPython's display hook so that the
   last expression shows nothing, -1, NaN or 1e9, and prints fake reports;
 - ``h_liar``: the wrong item returns a ``torch.Tensor`` subclass whose
@@ -143,13 +143,13 @@ for _name, _module in list(sys.modules.items()):
             except Exception:
                 pass
 for _fake_name in ("course_lib.grading.runner", "course_lib.grading.registry", "course_lib.grading.items",
-                   "course_lib.grading.compare", "autograder", "autograder.run", "autograder.judge"):
+                   "course_lib.grading.compare", "autograder", "autograder.pipeline.run", "autograder.pipeline.judge"):
     _fake = types.ModuleType(_fake_name)
     _fake.check = _fake.grade = _fake.judge_item = _fake.format_report = _full_marks
     _fake.describe_difference = lambda *a, **k: None
     sys.modules[_fake_name] = _fake
-import course_lib.grading.calls as _calls
-_perform = _calls.perform
+import course_lib.grading.perform as _performing
+_perform = _performing.perform
 
 def _claiming_perform(subject, impl, call, watch=True):
     answer = _perform(subject, impl, call, watch)
@@ -157,7 +157,7 @@ def _claiming_perform(subject, impl, call, watch=True):
     answer.update(score=100.0, points=100.0, passed=True, graded=True)
     return answer
 
-_calls.perform = _claiming_perform
+_performing.perform = _claiming_perform
 sys.modules["course_lib.grading"].perform = _claiming_perform
 _runner = sys.modules.get("workbook_runner")
 if _runner is not None and getattr(_runner, "_CHANNEL", None) is not None:
@@ -487,9 +487,9 @@ import course_lib
 base = os.path.dirname(course_lib.__file__)
 payload = "\nprint('@MARK@ planted')\nimport os; os.system('touch /tmp/@MARK@-planted')\n"
 targets = [course_lib.__file__, os.path.join(base, "attention.py"), os.path.join(base, "grading", "__init__.py"),
-           os.path.join(base, "grading", "calls.py"), "/opt/workbook/runner.py", "/opt/workbook/channel.py",
+           os.path.join(base, "grading", "calls.py"), "/opt/workbook/notebook_runner.py", "/opt/workbook/channel.py",
            "/work/main/course_lib/attention.py", "/work/main/course_lib/grading/items/self_attention.py",
-           "/work/main/course_lib/grading/compare.py", "/work/main/autograder/judge.py",
+           "/work/main/course_lib/grading/compare.py", "/work/main/autograder/pipeline/judge.py",
            "/work/main/nbgrader_config.py", "/work/main/grading/gradebook.db", "/work/main/grading/.workbook-secret",
            "/root/.ipython/profile_default/startup/00-@MARK@.py", "/root/.bashrc", "/etc/passwd",
            sys.executable, os.path.join(os.path.dirname(os.__file__), "site.py")]

@@ -221,7 +221,7 @@ def test_collect_takes_the_honest_and_turns_every_attack_away(released_course, l
     assert len(errors) >= len(refused), (errors, [h.name for h in refused])
     assert "\\x1b]52;c;ZXZpbA==\\x07" in proc.stderr and "two\\nlines" in proc.stderr
     # the only folders are the students' ids, all of them valid, and only the expected ones hold work
-    from autograder.intake import student_id
+    from autograder.doors.intake import student_id
     for folder in submitted.iterdir():
         assert student_id(folder.name) == folder.name
     holding = {f.name for f in submitted.iterdir() if any((f / A).iterdir())}

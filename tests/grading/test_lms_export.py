@@ -26,7 +26,8 @@ import pytest
 
 from autograder.cli import main
 from autograder.course import Course, CourseError
-from autograder.lms import lms_export, read_roster, roster_ids
+from autograder.platforms.lms import lms_export
+from autograder.platforms.lms_roster import read_roster, roster_ids
 from workbook_class import make_course
 
 NOTEBOOK = "03_self_attention"
@@ -158,7 +159,7 @@ def test_moodle_refuses_what_would_abort_its_import(course):
     with pytest.raises(CourseError, match="Moodle aborts"):
         lms_export(course, "moodle")  # no roster: an unknown user would abort
     # a grade above Moodle's maximum grade point (100 unless raised) aborts the whole import: refused
-    from autograder import lms
+    from autograder.platforms import lms
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lms, "MOODLE_GRADEPOINTMAX", 10.0)
         with pytest.raises(CourseError, match="above 10"):

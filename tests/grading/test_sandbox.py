@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import sandbox
-from autograder.stubs import build_course_copy
-from autograder.worker import grade_notebook
+from autograder.sealing import sandbox
+from autograder.sealing.course_copy import build_course_copy
+from autograder.pipeline.worker import grade_notebook
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -165,7 +165,7 @@ def test_the_cli_refuses_without_a_sandbox_and_names_the_escape_hatch(tmp_path):
     sub = tmp_path / "grading" / "submitted" / "s1" / "03_self_attention"
     sub.mkdir(parents=True)
     env = dict(os.environ, PATH=str(Path(sys.executable).parent), PYTHONPATH=str(ROOT))
-    code = ("import autograder.sandbox as s; s._bwrap = lambda: None; "
+    code = ("import autograder.sealing.sandbox as s; s._bwrap = lambda: None; "
             "from autograder.cli import main; raise SystemExit(main(['--course', %r, 'autograde', '03_self_attention']))"
             % str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

@@ -8,9 +8,9 @@ import json
 import nbformat
 import pytest
 
-from autograder import sandbox
-from autograder.stubs import build_course_copy
-from autograder.worker import grade_notebook
+from autograder.sealing import sandbox
+from autograder.sealing.course_copy import build_course_copy
+from autograder.pipeline.worker import grade_notebook
 from conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.cuda]

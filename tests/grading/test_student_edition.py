@@ -60,7 +60,8 @@ VISIBLE = r"""
 import json, sys
 from course_lib.grading import get_spec
 from course_lib.grading.registry import all_specs
-from course_lib.grading.runner import format_report, grade
+from course_lib.grading.results import format_report
+from course_lib.grading.runner import grade
 out = {}
 for name, spec in sorted(all_specs().items()):
     impl = spec.mistakes[0].impl if spec.mistakes else spec.reference

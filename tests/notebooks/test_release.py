@@ -9,7 +9,7 @@ import nbformat
 
 import pytest
 
-from autograder.release import assignments, out_of_date
+from autograder.course.release import assignments, out_of_date
 from course_lib.grading import all_specs
 from conftest import ROOT
 

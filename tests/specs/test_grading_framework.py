@@ -231,7 +231,8 @@ def test_specs_run_in_a_separate_process_without_a_kernel(tmp_path):
 
 def _answers(spec, impl, plan, poisoned=()):
     """What the student's side would answer (here, with ``poisoned`` references raising)."""
-    from course_lib.grading.calls import Call, perform
+    from course_lib.grading.calls import Call
+    from course_lib.grading.perform import perform
     from course_lib.grading.wire import decode, to_plain
 
     saved = []

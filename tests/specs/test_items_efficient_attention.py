@@ -204,7 +204,7 @@ def test_the_memory_check_cannot_be_talked_out_of_by_the_student_process():
     tensor. Neither earns the point: at this T the machine itself refuses the (T, T) array."""
     import numpy as np
 
-    from course_lib.grading import calls
+    from course_lib.grading import probes
 
     def numpy_scores(q, k, v, window, causal=True):
         s = np.asarray(q.detach()) @ np.swapaxes(np.asarray(k.detach()), -1, -2) / math.sqrt(q.size(-1))
@@ -212,12 +212,12 @@ def test_the_memory_check_cannot_be_talked_out_of_by_the_student_process():
         w = np.exp(s - s.max(-1, keepdims=True))
         return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ np.asarray(v.detach())).to(q.dtype)
 
-    forged = calls.PROBES["memory"]
-    calls.PROBES["memory"] = lambda subject, impl, inputs, options: {"output": impl(**inputs), "largest": [1]}
+    forged = probes.PROBES["memory"]
+    probes.PROBES["memory"] = lambda subject, impl, inputs, options: {"output": impl(**inputs), "largest": [1]}
     try:
         result = grade(get_spec("sliding_window_attention"), numpy_scores, hidden=True)
     finally:
-        calls.PROBES["memory"] = forged
+        probes.PROBES["memory"] = forged
     failed = {r.title: r.message for r in result.results if not r.passed}
     assert set(failed) == {MEMORY_TITLE, "gradients reach q, k and v"}  # numpy also cuts the gradients
     assert "would need 256 GiB" in failed[MEMORY_TITLE]

@@ -152,7 +152,7 @@ def test_mask_without_head_axis_hint_appears_on_the_hidden_padding_case():
 
 def test_failure_message_reads_well():
     from course_lib.grading.items.multihead import MHANoWo
-    from course_lib.grading.runner import format_report
+    from course_lib.grading.results import format_report
 
     result = grade(get_spec("MultiHeadAttention"), MHANoWo, hidden=False, device="cpu")
     report = format_report(result)

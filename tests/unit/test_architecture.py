@@ -1,7 +1,9 @@
 """The shape of the code, checked: what runs with the student's code is one folder that
-imports nothing of the trusted side and is all the sandbox sees of the autograder;
-``course_lib`` and ``autograder`` have no import cycle and import no other module's
-private names."""
+imports nothing of the trusted side and is all the sandbox sees of the autograder; the
+autograder's folders stand one on another (doors, course, sealing, pipeline, reports,
+platforms, then ``cli.py``) and none imports a folder above it; ``course_lib`` and
+``autograder`` have no import cycle and reach no other module's private names (imported, or
+as ``module._name``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("course_lib", "autograder")
 INSIDE = ROOT / "autograder" / "inside"
 # copied into the sandbox's course_lib: they run as course_lib modules, not autograder's
-COPIED_INTO_COURSE_LIB = {"grading_init.py", "oracle_stubs.py"}
+COPIED_INTO_COURSE_LIB = {"grading_init.py", "reference_stubs.py"}
+# The autograder's folders, bottom to top: a module imports its own folder and those below it
+# (``inside/`` imports none: it runs with the student's code); ``cli.py`` stands on all of them.
+FOLDERS = ("inside", "doors", "course", "sealing", "pipeline", "reports", "platforms")
+TOP = {"autograder", "autograder.cli"}
 
 
 def _module(path: Path) -> str:
@@ -109,6 +115,44 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def _floor(module: str) -> int | None:
+    """The floor of an autograder module (its folder's place in :data:`FOLDERS`; ``cli.py``
+    above them all); None for the package itself and for course_lib."""
+    parts = module.split(".")
+    if parts[0] != "autograder" or module == "autograder":
+        return None
+    if module in TOP:
+        return len(FOLDERS)
+    return FOLDERS.index(parts[1])
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import of a module ``b`` on a floor above ``a``'s."""
+    out = []
+    for module, deps in sorted(graph.items()):
+        here = _floor(module)
+        out += [f"{module} -> {dep}" for dep in sorted(deps)
+                if here is not None and _floor(dep) is not None and _floor(dep) > here]
+    return out
+
+
+def test_every_module_of_the_autograder_is_in_a_folder():
+    loose = [m for m in _modules() if m.startswith("autograder.") and m not in TOP
+             and m.split(".")[1] not in FOLDERS]
+    assert not loose, f"modules outside the folders {FOLDERS}: {loose}"
+
+
+def test_no_folder_imports_one_above_it():
+    wrong = _upward(_graph())
+    assert not wrong, "imports of a folder above: " + "; ".join(wrong)
+
+
+def test_the_folder_check_finds_an_import_upwards():
+    graph = {"autograder.doors.intake": {"autograder.pipeline.run"}, "autograder.pipeline.run": {"autograder.doors.intake"},
+             "autograder.cli": {"autograder.platforms.lms"}, "autograder.reports.status": {"course_lib.grading"}}
+    assert _upward(graph) == ["autograder.doors.intake -> autograder.pipeline.run"]
+
+
 def test_no_private_name_is_imported_from_another_module():
     modules = _modules()
     reaching = []
@@ -121,6 +165,67 @@ def test_no_private_name_is_imported_from_another_module():
             if private:
                 reaching.append(f"{path.relative_to(ROOT)}:{line} imports {', '.join(private)} from {target}")
     assert not reaching, "\n".join(reaching)
+
+
+def _module_names(tree: ast.AST, module: str, path: Path, modules: dict[str, Path]) -> dict[str, str]:
+    """Local name -> module of ours, for every name an import binds to one of our modules
+    (``from . import intake``, ``import autograder.sealing.sandbox as sandbox``)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PACKAGES:
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname \
+                        else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    return bound
+
+
+def _reached_privately(source: str, module: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """``module._name`` uses of another module of ours (its private names are its own)."""
+    tree = ast.parse(source)
+    bound = _module_names(tree, module, path, modules)
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        chain, value = [], node.value
+        while isinstance(value, ast.Attribute):
+            chain.insert(0, value.attr)
+            value = value.value
+        if not isinstance(value, ast.Name) or value.id not in bound:
+            continue
+        target = ".".join([bound[value.id], *chain])
+        if target in modules and target != module:
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {target}.{node.attr}")
+    return out
+
+
+def test_no_private_name_of_another_module_is_reached_as_an_attribute():
+    modules = _modules()
+    reaching = []
+    for module, path in modules.items():
+        reaching += _reached_privately(path.read_text(encoding="utf-8"), module, path, modules)
+    assert not reaching, "\n".join(reaching)
+
+
+def test_the_attribute_check_finds_a_private_name_reached():
+    modules = {"autograder.doors.intake": ROOT / "autograder/doors/intake.py",
+               "autograder.pipeline.collect": ROOT / "autograder/pipeline/collect.py",
+               "autograder.sealing.sandbox": ROOT / "autograder/sealing/sandbox.py"}
+    source = ("from ..doors import intake\nimport autograder.sealing.sandbox as box\nimport autograder\n"
+              "intake._zone('x'); intake.shown('y'); box._bwrap(); autograder.doors.intake._MB\n")
+    found = _reached_privately(source, "autograder.pipeline.collect", modules["autograder.pipeline.collect"], modules)
+    assert sorted(f.split(" uses ")[1] for f in found) == \
+        ["autograder.doors.intake._MB", "autograder.doors.intake._zone", "autograder.sealing.sandbox._bwrap"]
 
 
 def test_the_inside_package_imports_nothing_of_the_trusted_side():
@@ -139,8 +244,8 @@ def test_the_inside_package_imports_nothing_of_the_trusted_side():
 
 
 def test_the_sandbox_mounts_the_inside_folder_and_nothing_else_of_the_autograder(tmp_path, monkeypatch):
-    from autograder import sandbox
-    from autograder.run import RUNNER
+    from autograder.sealing import sandbox
+    from autograder.pipeline.run import RUNNER
 
     assert RUNNER.parent == INSIDE
     monkeypatch.setattr(sandbox, "check_available", lambda: "/usr/bin/bwrap")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from autograder.course import CourseError
-from autograder.student_edition import COLAB_CELL_TAG, check_install_url, colab_cell
+from autograder.platforms.student_edition import COLAB_CELL_TAG, check_install_url, colab_cell
 
 
 def _run_cell(source: str, tmp_path, colab: bool, isolated: bool = False) -> subprocess.CompletedProcess:

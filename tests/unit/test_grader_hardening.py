@@ -9,12 +9,12 @@ import nbformat
 import pytest
 import torch
 
-from autograder import intake
-from autograder.prepare import extra_files, item_salt, read_submission
-from autograder.copies import find_copies, forbidden_uses
-from autograder.oracle import Oracle
-from autograder.stubs import reference_targets
-from autograder.outbound import clean_markdown, clean_output, clean_text
+from autograder.doors import intake
+from autograder.pipeline.prepare import extra_files, item_salt, read_submission
+from autograder.pipeline.source_checks import find_copies, forbidden_uses
+from autograder.pipeline.reference_oracle import Oracle
+from autograder.sealing.course_copy import reference_targets
+from autograder.doors.outbound import clean_markdown, clean_output, clean_text
 from course_lib.grading import get_spec
 from course_lib.grading.calls import realise
 from course_lib.grading.compare import describe_difference
@@ -144,7 +144,7 @@ def test_a_process_trees_memory_is_counted_once_per_page():
     import sys
     import time
 
-    from autograder.sandbox import process_tree, tree_memory_mb
+    from autograder.sealing.sandbox import process_tree, tree_memory_mb
 
     code = ("import os, sys, time\nblock = bytearray(400 * 2**20)\nfor i in range(0, len(block), 4096):\n"
             "    block[i] = 1\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\n"
@@ -166,7 +166,7 @@ def test_a_process_trees_memory_is_counted_once_per_page():
 def test_a_students_tex_cannot_put_markup_into_the_feedback_page():
     """Written answers' formulas become MathML in the feedback, through the sanitiser:
     TeX that would carry a link, a handler or raw markup keeps none of it."""
-    from autograder.outbound import tex_to_mathml
+    from autograder.doors.outbound import tex_to_mathml
 
     for tex in (r"\href{javascript:alert(1)}{x}", r"\text{<img src=x onerror=alert(1)>}", r"\text{<b>bold</b>}"):
         out = tex_to_mathml(tex, False)

@@ -1,4 +1,4 @@
-"""One record for what is wrong with a submission (autograder/problems.py): every kind
+"""One record for what is wrong with a submission (autograder/course/problems.py): every kind
 the grading path can record is listed with its meaning, and an unknown kind is refused."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.problems import FLAGS, KINDS, problem
+from autograder.course.problems import FLAGS, KINDS, problem
 
 AUTOGRADER = Path(__file__).resolve().parents[2] / "autograder"
 
@@ -22,7 +22,7 @@ def test_a_problem_is_plain_data():
 
 def test_every_kind_recorded_anywhere_is_listed():
     used = set()
-    for path in sorted(set(AUTOGRADER.glob("*.py")) - {AUTOGRADER / "problems.py"}):
+    for path in sorted(set(AUTOGRADER.rglob("*.py")) - {AUTOGRADER / "course" / "problems.py"}):
         text = path.read_text()
         used |= set(re.findall(r"\bproblem\(\"([a-z_]+)\"", text))
         used |= set(re.findall(r"\.event\(\"([a-z_]+)\"", text))
@@ -35,7 +35,7 @@ def test_every_kind_recorded_anywhere_is_listed():
 
 def test_problem_messages_are_text_on_a_feedback_page():
     """A message can quote the student's code or output: the page shows it, never runs it."""
-    from autograder.feedback import _failure_page
+    from autograder.reports.feedback import _failure_page
 
     record = {"notebook": "03_self_attention", "score": 0, "max_score": 19,
               "problems": [problem("error", "cell 4: raised ValueError: <script>alert(1)</script>"),

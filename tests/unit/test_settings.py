@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autograder.course import Course, CourseError
-from autograder.settings import workbook_settings
+from autograder.course.settings import workbook_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import cli, sandbox
+from autograder import cli
+from autograder.sealing import sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 

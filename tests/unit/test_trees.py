@@ -1,5 +1,5 @@
 """What a student's code can leave on disk, removed and walked without fail
-(autograder/trees.py): trees deeper than Python's recursion limit and than a path may be
+(autograder/sealing/trees.py): trees deeper than Python's recursion limit and than a path may be
 long, wider than one read of a folder, with names no terminal should print, folders
 without permissions, links, FIFOs and sockets."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import trees
+from autograder.sealing import trees
 from conftest import ROOT
 from hubtools import runnable_python
 from hostile_trees import DEEP, LONG, WIDE_FILES, WIDE_FOLDERS, chain, hostile_tree
@@ -125,7 +125,7 @@ def test_the_trees_own_unprivileged_user_removes_it_whole(scratch, outside):
         os.chown(top, nobody.pw_uid, nobody.pw_gid)
         make = ("import sys\nsys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\nfrom pathlib import Path\n"
                 "from hostile_trees import hostile_tree\nhostile_tree(Path(sys.argv[2]), Path(sys.argv[3]))\n"
-                "from autograder.trees import remove_tree\nr = remove_tree(sys.argv[2])\n"
+                "from autograder.sealing.trees import remove_tree\nr = remove_tree(sys.argv[2])\n"
                 "print(r.complete, r.left[:3])\n")
         shared = top / "outside"
         shutil.copytree(outside, shared)

@@ -15,11 +15,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.prepare import read_submission
-from autograder.release import recorded_notebooks
-from autograder.collect import collect
+from autograder.pipeline.prepare import read_submission
+from autograder.course.release import recorded_notebooks
+from autograder.pipeline.collect import collect
 from autograder.course import Course, CourseError
-from autograder.pool import WorkerPool
+from autograder.pipeline.pool import WorkerPool
 from pool_jobs import handler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,12 +143,12 @@ def test_collect_student_folders_with_a_roster(course, tmp_path):
 
 
 def test_a_one_column_roster_has_no_header_student(tmp_path):
-    from autograder.cli import _read_roster
+    from autograder.platforms.lms_roster import roster_file_ids
     for header in ("id", "Student", "username"):
         (tmp_path / "roster.txt").write_text(f"{header}\nalice\nbob\n")
-        assert _read_roster(str(tmp_path / "roster.txt")) == {"alice", "bob"}
+        assert roster_file_ids(str(tmp_path / "roster.txt")) == {"alice", "bob"}
     (tmp_path / "roster.txt").write_text("alice\nbob\n")
-    assert _read_roster(str(tmp_path / "roster.txt")) == {"alice", "bob"}
+    assert roster_file_ids(str(tmp_path / "roster.txt")) == {"alice", "bob"}
 
 
 def test_a_truncated_notebook_is_collected_with_a_note(course, tmp_path):
@@ -187,7 +187,7 @@ def test_pool_survives_crashes_hangs_and_errors():
             for i, what in enumerate(["ok", "crash", "ok", "hang", "raise", "ok"])]
     results = {}
     with WorkerPool(2, handler) as pool:
-        pool.run(jobs, lambda job, result: results.__setitem__(job["job_id"], result))
+        pool.work(jobs, lambda job, result: results.__setitem__(job["job_id"], result))
     assert sorted(results) == list(range(6))
     assert [results[i]["value"] for i in (0, 2, 5)] == [0, 4, 10]
     assert "exit code 7" in results[1]["crash"]
@@ -202,10 +202,10 @@ def test_pool_rejects_no_workers():
 
 
 def test_output_past_the_cell_cap_is_cut_with_one_notice_and_one_problem():
-    from autograder.sandbox import Limits
-    from autograder.run import Run
+    from autograder.sealing.sandbox import Limits
+    from autograder.pipeline.run_transcript import Transcript
     cells = [{"cell_type": "code", "source": "print('x' * 10**6)", "metadata": {}}]
-    run = Run(cells, Limits(max_output_kb=1))
+    run = Transcript(cells, Limits(max_output_kb=1))
     run.current = 0
     for _ in range(3):
         run.add_output(0, {"output_type": "stream", "name": "stdout", "text": "x" * 700})
@@ -225,7 +225,7 @@ def _recorded(course: Course) -> Course:
 
 
 def test_status_shows_who_was_collected_before_anything_is_graded(course, tmp_path):
-    from autograder.reports import status_table
+    from autograder.reports.status import status_table
     _recorded(course)
     lms = tmp_path / "lms"
     lms.mkdir()
@@ -242,8 +242,8 @@ def test_status_shows_who_was_collected_before_anything_is_graded(course, tmp_pa
 
 def test_a_truncated_notebook_is_one_problem_in_the_status(course, tmp_path):
     """Collect finds the damaged JSON, autograde reads the same file: `workbook status` says it once."""
-    from autograder.autograde import GradingOptions, autograde
-    from autograder.reports import status_table
+    from autograder.pipeline.autograde import GradingOptions, autograde
+    from autograder.reports.status import status_table
     _recorded(course)
     lms = tmp_path / "lms"
     lms.mkdir()
@@ -278,7 +278,7 @@ def test_formgrader_as_a_hub_service_runs_jupyterhubs_single_user_server_and_onl
     """`workbook formgrader --hub` is JupyterHub's single-user server on the course folder, with
     JupyterLab's Formgrader panel (an iframe, which JupyterHub >= 4.1 forbids) off and Formgrader's
     own page as the start page; outside a hub (no JUPYTERHUB_SERVICE_NAME) it refuses."""
-    from autograder.formgrader import CONFIG, HUB_CONFIG, formgrader_command, open_formgrader
+    from autograder.platforms.formgrader import CONFIG, HUB_CONFIG, formgrader_command, open_formgrader
 
     course = Course(Path(__file__).resolve().parents[2])
     monkeypatch.delenv("JUPYTERHUB_DEFAULT_URL", raising=False)

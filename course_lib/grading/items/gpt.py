@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from ... import gpt as ref_gpt
 from ... import icl as ref_icl
 from ... import sampling as ref_sampling
-from ..calls import Invoke, realise, unwatched
+from ..calls import Invoke, realise
+from ..watch import unwatched
 from ..compare import fmt_num
 from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
                           module_gradients, randn, reference_state, reproducible, type_name, variant)

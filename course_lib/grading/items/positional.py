@@ -11,7 +11,8 @@ from torch import nn
 
 from ... import positional as ref
 from ..compare import describe_difference, fmt_num
-from ..calls import Invoke, unwatched
+from ..calls import Invoke
+from ..watch import unwatched
 from ..properties import (compare_cases, dtype_name, fresh, masked_weights_zero, module_case, module_gradients,
                           parameter_shapes, randn, variant)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck

@@ -19,7 +19,7 @@ from ..calls import INVOKE, Invoke, Probe
 from ..compare import describe_difference, fmt_num
 from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, layout,
                           module_case, module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
-from ..runner import LIKELY_CAUSE
+from ..trial import LIKELY_CAUSE
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -693,7 +693,7 @@ def _pointing_case(seed: int, W: int, grid=(4, 4), **options) -> Case:
 
 def _hand_pointing_case(dtype: torch.dtype = f32) -> Case:
     def make(device):
-        t = lambda *v: torch.tensor(v, device=device)  # noqa: E731
+        t = lambda *v: torch.tensor(v, device=device)
         maps = [t(0.1, 0.7, 0.2), t(0.6, 0.3, 0.1), t(0.2, 0.2, 0.6), t(0.3, 0.2, 0.5)]
         masks = [t(False, True, True), t(False, True, False), None, t(True, False, False)]
         return {"alpha_maps": [m.to(dtype) for m in maps], "object_masks": masks}

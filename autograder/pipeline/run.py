@@ -1,0 +1,284 @@
+"""Run: one submitted notebook in its seal, served from the grader's side.
+
+:func:`run_notebook` starts the runner (autograder/inside/notebook_runner.py) sealed off
+(autograder/sealing/: bubblewrap, container mode, or nothing with ``--unsafe-no-sandbox``)
+with the notebook without its hidden tests, the submission's other files and the limits, then
+serves it over one socket (:class:`~autograder.pipeline.run_protocol.Conversation`) until it
+is done or out of time or memory, and stops everything it started. What it kept
+(:class:`~autograder.pipeline.run_transcript.Transcript`: outputs, answers, how it ended)
+is handed to the judge as a :class:`~autograder.pipeline.handoffs.RunOutcome`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from course_lib.grading import get_spec
+from course_lib.grading.wire import WireLimits
+
+from ..course.problems import problem
+from ..doors.outbound import clean_text
+from ..inside.cells import is_test_cell, nbgrader_meta
+from ..inside.channel import MAX_FRAME, Channel, FrameReader, ProtocolError
+from ..sealing import container, isolation, sandbox
+from .handoffs import Ending, Job, RunOutcome
+from .run_protocol import Conversation
+from .run_transcript import Transcript
+
+__all__ = ["run_notebook", "Supervisor", "RUNNER", "known_item"]
+
+RUNNER = Path(__file__).resolve().parents[1] / "inside" / "notebook_runner.py"  # its folder is all the sandbox sees of autograder/
+
+GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
+
+MEMORY_CHECK = 0.25  # seconds between two looks at the memory all of a sandbox's processes use
+
+MAX_FILES_MB = 100
+
+STRICT = WireLimits(max_bytes=MAX_FRAME, max_header=4 * 2**20, max_nodes=200_000)  # what the sandbox may send
+
+
+def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int) -> RunOutcome:
+    """Run ``job``'s notebook sealed off, served until it ends; everything it started is
+    stopped before this returns. ``uid``: the bubblewrap sandbox's user when the grader is
+    root."""
+    supervisor = Supervisor(job, course_copy, job_dir, uid)
+    try:
+        supervisor.start()
+        supervisor.serve()
+    finally:
+        outcome = supervisor.stop()
+    return outcome
+
+
+def known_item(item: str) -> bool:
+    try:
+        get_spec(item)
+        return True
+    except KeyError:
+        return False
+
+
+class Supervisor:
+    """One notebook's sealed process: started, watched (time, memory), served, stopped."""
+
+    def __init__(self, job: Job, course_copy: Path, job_dir: Path, uid: int) -> None:
+        self.job = job
+        self.course_copy = course_copy
+        self.job_dir = job_dir
+        self.uid = uid
+        self.nb = json.loads(job["notebook"])
+        self.device = torch.device(job.get("device", "cpu"))
+        self.salts: dict[str, int] = job.get("salts", {})
+        self.tests: dict[str, str] = {}  # grade_id -> item
+        test_cell: dict[str, int] = {}  # item -> index of its (first) test cell
+        for index, cell in enumerate(self.nb["cells"]):
+            if is_test_cell(cell):
+                gid = str(nbgrader_meta(cell).get("grade_id", ""))
+                self.tests[gid] = gid.removeprefix("test_")
+                test_cell.setdefault(gid.removeprefix("test_"), index)
+        self.items = [i for i in self.tests.values() if known_item(i)]
+        self.process: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
+        self.isolation = isolation.resolve(job.get("isolation", ""))
+        self.limits = sandbox.Limits(**job["limits"])
+        self.transcript = Transcript(self.nb["cells"], self.limits)
+        self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device)
+
+    # -- starting -----------------------------------------------------------
+    def _setup_message(self) -> dict:
+        cells = []
+        for cell in self.nb["cells"]:
+            meta = nbgrader_meta(cell)
+            source = "".join(cell.get("source", "")) if isinstance(cell.get("source"), list) else str(cell.get("source", ""))
+            if is_test_cell(cell):
+                source = "# (checked by the grader)"  # hidden tests never enter the sandbox
+            elif cell.get("cell_type") != "code":
+                source = ""  # the runner runs code cells only (a 3 MB written answer is no concern of its)
+            entry = {"cell_type": cell.get("cell_type"), "source": source,
+                     "metadata": {"nbgrader": {k: meta[k] for k in ("grade", "solution", "grade_id", "locked")
+                                               if k in meta}}}
+            if len(source) > 2**19:  # past the wire's cap on one string: as bytes
+                entry["source"] = ""
+                entry["source_bytes"] = torch.frombuffer(bytearray(source.encode("utf-8")), dtype=torch.uint8)
+            cells.append(entry)
+        files = {}
+        budget = MAX_FILES_MB * 2**20
+        for rel, path in self.job.get("extra_files", []):
+            data = Path(path).read_bytes()[:budget]
+            budget -= len(data)
+            files[rel] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+            if budget <= 0:
+                break
+        return {"type": "setup", "cells": cells, "files": files, "limits": self.limits.__dict__.copy()}
+
+    def start(self) -> None:
+        parent, child = socket.socketpair()
+        self.sock = parent
+        limits = self.limits
+        floor = sandbox.python_address_space_mb() if limits.memory_mb else 0
+        preexec = functools.partial(sandbox.apply_limits, limits, floor)
+        if self.isolation == "none":
+            argv = [os.sys.executable, "-s", str(RUNNER)]
+            env = _unsafe_env(self.course_copy, child.fileno(), self.job.get("threads", 1), self.job_dir)
+            cwd = self.job_dir / "work"
+            cwd.mkdir(parents=True, exist_ok=True)
+        elif self.isolation == "container":
+            user = container.ContainerUser(self.job["container_user"])
+            folders = container.make_job_dir(self.job_dir, user, RUNNER.parent)
+            argv, env = container.command(folders["runner"] / RUNNER.name, self.course_copy, folders, user,
+                                          child.fileno(), threads=self.job.get("threads", 1))
+            cwd = folders["home"]
+            preexec = functools.partial(container.preexec, limits, floor)
+        else:
+            argv = sandbox.command(RUNNER, self.course_copy, self.job_dir, self.limits, self.uid, child.fileno(),
+                                   gpu=self.job.get("gpu", False), threads=self.job.get("threads", 1))
+            env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.job_dir
+        log = open(self.job_dir / "sandbox.log", "wb")
+        self.process = subprocess.Popen(argv, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=log, env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec)
+        log.close()
+        child.close()
+        Channel(parent).send(self._setup_message())
+        self.conversation.sock = parent
+
+    def stop(self) -> RunOutcome:
+        """Stop the sandbox and everything in it (and the oracle); what the run kept, and how
+        it ended (with the runner's exit status, unless it was killed here)."""
+        code = None
+        if self.process is not None:
+            try:
+                code = self.process.wait(timeout=2 if self.transcript.done else 0.1)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+                code = None
+        if self.isolation == "container":  # no PID namespace: whatever the user started, wherever it went
+            self.clean_up_user()
+        if self.sock is not None:
+            self.sock.close()
+        run, talk = self.transcript, self.conversation
+        run.finish(code)
+        talk.close()
+        return RunOutcome(self.nb, self.tests, self.items, self.salts, str(self.device), talk.plans, talk.answers,
+                          run.outputs, run.counts, run.ending or Ending.FINISHED, run.reason, run.ended_at,
+                          run.events, self.isolation, self.survivors, talk.oracle_calls)
+
+    def clean_up_user(self) -> None:
+        """Container mode: kill every process of the student's user and remove what it left
+        where every user may write. Whatever the student made, grading goes on: what could
+        not be done is a problem for the instructor (``cleanup``), never one of the student's."""
+        user = container.ContainerUser(self.job["container_user"])
+        try:
+            self.survivors = container.kill_user(user.uid)
+            removal = container.remove_user_files(user.uid, user.gid)
+            left = "" if removal.complete else removal.summary()
+        except Exception as exc:  # a fault of the grader's own
+            left = f"{type(exc).__name__}: {exc}"
+        if self.survivors:
+            left = f"processes {self.survivors} survived SIGKILL" + (f"; {left}" if left else "")
+        if left:
+            self.transcript.events.append(problem("cleanup", clean_text(f"what the notebook's code left could not "
+                                                                        f"all be removed: {left}")[:2000]))
+
+    def memory_mb(self) -> float:
+        """Memory in use by all of the notebook's processes."""
+        if self.isolation == "container":  # a process that left the tree is still the user's
+            return container.user_memory_mb(int(self.job["container_user"]["uid"]))
+        return sandbox.tree_memory_mb(self.process.pid)
+
+    # -- serving --------------------------------------------------------------
+    def serve(self) -> None:
+        """Answer the notebook's messages until it is done, or stop it: out of time (the
+        notebook's, or a cell's that did not stop when interrupted), out of memory (all its
+        processes together), dead, or breaking the protocol."""
+        run = self.transcript
+        reader = FrameReader(max_frame=MAX_FRAME, limits=STRICT)
+        started = time.monotonic()
+        deadline = started + self.limits.notebook_timeout
+        next_memory_check = started
+        while not run.done:
+            now = time.monotonic()
+            if self.limits.memory_mb and now >= next_memory_check:
+                # RLIMIT_AS caps each process; the notebook's processes together share
+                # the same limit, checked here
+                next_memory_check = now + MEMORY_CHECK
+                used = self.memory_mb()
+                if used > self.limits.memory_mb:
+                    run.end(Ending.OUT_OF_MEMORY, f"the notebook's processes together used {used:.0f} MB, more "
+                                                  f"than the {self.limits.memory_mb} MB limit, and were stopped",
+                            run.current, "memory")
+                    return
+            # the deadlines are checked on every turn: a sandbox that never stops sending
+            # cannot keep its notebook running
+            if now >= deadline:
+                run.end(Ending.NOTEBOOK_TIMEOUT, f"the notebook time limit ({self.limits.notebook_timeout} s) was "
+                                                 "reached", run.current, "notebook_timeout")
+                return
+            if run.current is not None and now >= run.cell_started + self.limits.cell_timeout + GRACE:
+                run.end(Ending.CELL_TIMEOUT, f"the cell ran longer than the {self.limits.cell_timeout} s limit and "
+                                             "did not stop when interrupted", run.current, "cell_timeout")
+                return
+            waits = [deadline - now] + ([next_memory_check - now] if self.limits.memory_mb else [])
+            if run.current is not None:
+                waits.append(run.cell_started + self.limits.cell_timeout + GRACE - now)
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, min(waits)))
+            if not ready:
+                continue
+            try:
+                data = self.sock.recv(1 << 20)
+            except OSError:
+                data = b""
+            if not data:
+                run.end(Ending.PROCESS_ENDED, "the notebook's process ended", run.current)
+                return
+            reader.feed(data)
+            try:
+                for message in reader.frames():
+                    self.conversation.handle(message)
+                    if run.done:
+                        break
+            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                if self._ended(1.0):  # it did not break the protocol, it died (killed: out of memory?)
+                    run.end(Ending.PROCESS_ENDED, "the notebook's process ended", run.current)
+                    return
+                run.end(Ending.PROTOCOL_BROKEN, "the grader stopped the notebook: its process broke the grading "
+                                                f"protocol ({exc})", run.current, "protocol")
+                return
+
+    def _ended(self, wait: float) -> bool:
+        """Whether the runner's process has ended (waiting up to ``wait`` seconds for it)."""
+        try:
+            self.process.wait(timeout=wait)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+
+def _unsafe_env(course_copy: Path, fd: int, threads: int, job_dir: Path) -> dict[str, str]:
+    home = job_dir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    runner_dir = str(RUNNER.parent)
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(job_dir),
+            "LANG": "C.UTF-8", "PYTHONPATH": f"{course_copy}:{runner_dir}", "PYTHONNOUSERSITE": "1",
+            "PYTHONDONTWRITEBYTECODE": "1", "WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde",
+            "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(job_dir / "mpl"), "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads), "WORKBOOK_CHANNEL_FD": str(fd),
+            "CUDA_VISIBLE_DEVICES": ""}

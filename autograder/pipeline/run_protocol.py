@@ -1,0 +1,225 @@
+"""The grader's side of the conversation with a notebook running sealed off: one message at a
+time, as the runner (autograder/inside/notebook_runner.py) sends them.
+
+Cells start and end in order, each once, and their outputs go into the
+:class:`~autograder.pipeline.run_transcript.Transcript`. A test cell asks for its item's plan
+(:func:`course_lib.grading.runner.plan_item`, inputs salted with the submission's secret salt),
+given only while that cell runs and only once, and answers each call with plain data, kept for
+the judge. ``working_or_reference`` asks for an item's visible checks and a verdict (salt 0, no
+points). A stub of a graded reference asks the oracle (autograder/pipeline/reference_oracle.py),
+refused until its item has been graded. Nothing the notebook sends is read as a score.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import torch
+
+from course_lib.grading import get_spec
+from course_lib.grading.calls import Subject
+from course_lib.grading.runner import judge_item, plan_item
+from course_lib.grading.wire import decode
+
+from ..course.problems import problem
+from ..inside.cells import is_test_cell, nbgrader_meta
+from ..inside.channel import Channel, ProtocolError
+from ..sealing.course_copy import reference_targets
+from .handoffs import Ending
+from .reference_oracle import Oracle
+from .run_transcript import Transcript
+
+__all__ = ["Conversation", "MAX_ANSWERS"]
+
+MAX_ANSWERS = 256 * 2**20  # all the answers of one item
+
+
+class Conversation:
+    """Answers the messages of one notebook's run (:meth:`handle`) over ``sock`` (set once the
+    runner has started). Raises :class:`ProtocolError` for a message out of order or of an
+    unknown kind, and when the runner does not read its replies."""
+
+    def __init__(self, transcript: Transcript, tests: dict[str, str], items: list[str], test_cell: dict[str, int],
+                 salts: dict[str, int], device: torch.device) -> None:
+        self.sock: socket.socket | None = None
+        self.transcript = transcript
+        self.tests = tests  # grade_id -> item
+        self.items = items
+        self.test_cell = test_cell  # item -> index of its (first) test cell
+        self.salts = salts
+        self.device = device
+        self.oracle: Oracle | None = None  # made when a stub first asks
+        self.oracle_calls = 0
+        self.plans: dict[str, Any] = {}
+        self.answers: dict[str, list[list[Any]]] = {}
+        self.answer_bytes: dict[str, int] = {}
+        self.open_items: set[str] = set()
+        self.requested: set[str] = set()
+        self.visible_plans: dict[str, Any] = {}
+
+    def handle(self, message: dict) -> None:
+        run = self.transcript
+        kind = message["type"]
+        if kind == "output":
+            run.add_output(message.get("index"), message.get("output"))
+        elif kind == "cell_start":
+            index = message["index"]
+            if not isinstance(index, int) or not 0 <= index < len(run.cells) or index <= run.last_cell:
+                raise ProtocolError("cells run in order, each once")
+            run.current, run.cell_started, run.last_cell = index, time.monotonic(), index
+        elif kind == "cell_end":
+            index = message.get("index")
+            if index == run.current and index is not None:
+                count = message.get("execution_count")
+                run.counts[index] = count if isinstance(count, int) and not isinstance(count, bool) else None
+                status = message.get("status")
+                run.status[index] = status if isinstance(status, str) else "ok"
+                if status == "timeout":
+                    run.event("cell_timeout", index,
+                              f"the cell ran longer than the {run.limits.cell_timeout} s limit and was interrupted")
+                run.current = None
+        elif kind == "plan_request":
+            self.plan(message)
+        elif kind == "answer":
+            self.answer(message)
+        elif kind == "plan_done":
+            self.open_items.discard(message.get("item"))
+        elif kind == "visible_plan":
+            self.visible_plan(message)
+        elif kind == "visible_answers":
+            self.visible_answers(message)
+        elif kind == "oracle":
+            self.reply({"type": "oracle_result", **self.ask_oracle(message)})
+        elif kind == "exit":
+            run.end(Ending.EXIT_CALLED, "the notebook called exit()",
+                    message.get("index") if isinstance(message.get("index"), int) else run.current)
+            run.done = True
+        elif kind == "done":
+            run.done = True
+        elif kind == "hello":
+            pass
+        elif kind == "truncated":  # the runner dropped output before sending it
+            index = message.get("index")
+            if index == run.current and index is not None and index not in run.truncated:
+                run.truncate(index)
+        else:
+            raise ProtocolError(f"unknown message {kind[:40]!r}")
+
+    def reply(self, message: dict) -> None:
+        """Send a reply; a runner that stops reading cannot block the grader."""
+        self.sock.settimeout(30)
+        try:
+            Channel(self.sock).send(message)
+        except OSError as exc:
+            raise ProtocolError(f"the notebook's process does not read its replies ({exc})") from None
+        finally:
+            self.sock.settimeout(None)
+
+    def ask_oracle(self, message: dict) -> dict:
+        """A stub's call of one of the notebook's graded references, answered by the oracle
+        (its memory and time bounded as the notebook's), refused while the item is not graded."""
+        refused = self.not_yet_graded()
+        if self.oracle is None:
+            limits = self.transcript.limits
+            self.oracle = Oracle(reference_targets(self.items), memory_mb=limits.memory_mb,
+                                 timeout=min(60.0, float(limits.cell_timeout)))
+        answer = self.oracle.ask(message, refused)
+        self.oracle_calls = self.oracle.calls
+        return answer
+
+    def close(self) -> None:
+        """Stop the oracle's process, if one started."""
+        if self.oracle is not None:
+            self.oracle.close()
+
+    def not_yet_graded(self) -> set[str]:
+        """Items whose test cell has not finished: their references are refused, so that
+        nothing computed with course_lib's answer (a lookup table made in an earlier cell,
+        a function captured early) can stand in for the student's own code."""
+        run = self.transcript
+        done_up_to = run.last_cell if run.current is None else run.current - 1
+        return {item for item, index in self.test_cell.items() if index > done_up_to} | self.open_items
+
+    def plan(self, message: dict) -> None:
+        run = self.transcript
+        gid = message.get("grade_id")
+        item = self.tests.get(gid) if isinstance(gid, str) else None
+        self.open_items.clear()  # a new request closes any plan still open
+        current = run.cells[run.current] if run.current is not None else {}
+        if not is_test_cell(current) or nbgrader_meta(current).get("grade_id") != gid:
+            item = None  # a plan is given only while its own test cell runs
+        if item is None or item not in self.items or item in self.requested:
+            self.reply({"type": "no_plan"})
+            return
+        self.requested.add(item)
+        spec = get_spec(item)
+        try:
+            plan = plan_item(spec, hidden=True, device=self.device, salt=self.salts.get(item, 0))
+            subject = Subject.of(spec).as_data()
+        except Exception as exc:  # a fault of the grader's, not of the submission
+            run.events.append(problem("grader_error", f"{item}: the grader could not plan its checks "
+                                                      f"({type(exc).__name__}: {exc})", gid))
+            self.reply({"type": "no_plan"})
+            return
+        self.plans[item] = plan
+        self.answers[item] = [[None] * len(seg) for seg in plan.segments]
+        self.answer_bytes[item] = 0
+        self.open_items.add(item)
+        segments = [[decode(data, kind="call") for data in seg] for seg in plan.segments]
+        self.reply({"type": "plan", "item": item, "subject": subject, "segments": segments})
+
+    def visible_plan(self, message: dict) -> None:
+        """The visible checks of an item, for ``working_or_reference`` in the notebook (no
+        points depend on them: the notebook's own inputs, salt 0)."""
+        item = message.get("item")
+        if item not in self.items:
+            self.reply({"type": "no_plan"})
+            return
+        spec = get_spec(item)
+        if item not in self.visible_plans:
+            self.visible_plans[item] = plan_item(spec, hidden=False, device=self.device, salt=0)
+        plan = self.visible_plans[item]
+        segments = [[decode(data, kind="call") for data in seg] for seg in plan.segments]
+        self.reply({"type": "plan", "item": item, "subject": Subject.of(spec).as_data(), "segments": segments})
+
+    def visible_answers(self, message: dict) -> None:
+        item, answers = message.get("item"), message.get("answers")
+        passed = False
+        if item in self.visible_plans and isinstance(answers, list):
+            rows = [[a if isinstance(a, dict) else None for a in row] if isinstance(row, list) else []
+                    for row in answers]
+            # pass or fail is all the notebook needs: no search of the mistake catalogue (it can
+            # take seconds for a wrong module, and this runs on the cell's clock)
+            result = judge_item(get_spec(item), self.visible_plans[item], rows, device=self.device, salt=0,
+                                name_mistakes=False)
+            passed = not result.reference_used and all(r.passed for r in result.results)
+        self.reply({"type": "verdict", "passed": passed})
+
+    def answer(self, message: dict) -> None:
+        item, s, i = message.get("item"), message.get("segment"), message.get("index")
+        if item not in self.open_items or not isinstance(s, int) or not isinstance(i, int):
+            return
+        table = self.answers[item]
+        if not (0 <= s < len(table) and 0 <= i < len(table[s])) or table[s][i] is not None:
+            return
+        answer = message.get("answer")
+        self.answer_bytes[item] += _nbytes(answer)
+        if self.answer_bytes[item] > MAX_ANSWERS:
+            answer = {"ok": False, "kind": "no_answer", "text": "the answers are too large"}
+        table[s][i] = answer if isinstance(answer, dict) else {"ok": False, "kind": "no_answer",
+                                                               "text": "the answer could not be read"}
+
+
+def _nbytes(value: Any, depth: int = 0) -> int:
+    """Bytes held by the tensors in a decoded value."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if depth > 30:
+        return 0
+    if isinstance(value, dict):
+        return sum(_nbytes(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v, depth + 1) for v in value)
+    return 0

@@ -1,0 +1,145 @@
+"""What the grader keeps of a notebook while it runs sealed off: each cell's outputs
+(validated, stripped to safe types, capped again here), its execution counts and status, the
+problems found, and how the run ended.
+
+The sandbox's process sends outputs as it likes; nothing of it is believed:
+:meth:`Transcript.add_output` takes an output only for the cell that is running, never for a
+test cell (which shows the grader's report only), and cuts a cell past its output limit with
+one notice and one problem. :func:`cell_errors` turns the cells that raised into problems once
+the run is over.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..course.problems import problem
+from ..doors.outbound import clean_output, clean_text
+from ..inside.cells import cell_label, is_test_cell, nbgrader_meta
+from ..sealing.sandbox import Limits
+from .handoffs import Ending
+
+__all__ = ["Transcript", "cell_errors", "exit_words"]
+
+
+@dataclass
+class Transcript:
+    """One notebook's run, as the grader records it."""
+
+    cells: list[dict]
+    limits: Limits
+    outputs: dict[int, list[dict]] = field(default_factory=dict)
+    counts: dict[int, int | None] = field(default_factory=dict)
+    status: dict[int, str] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+    used: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+    truncated: set[int] = field(default_factory=set)
+    current: int | None = None  # the cell running now
+    last_cell: int = -1
+    cell_started: float = 0.0
+    done: bool = False  # the notebook said it is done (or called exit())
+    ending: Ending | None = None  # why the run stopped early (None while it runs, and when it finished)
+    reason: str = ""  # ... in words
+    ended_at: int | None = None
+
+    def event(self, kind: str, index: int | None, message: str) -> None:
+        cell = self.cells[index] if index is not None and 0 <= index < len(self.cells) else {}
+        where = cell_label(index, cell) + ": " if index is not None else ""
+        self.events.append(problem(kind, clean_text(where + message), clean_text(nbgrader_meta(cell).get("grade_id", ""))))
+
+    def end(self, ending: Ending, reason: str, at: int | None, kind: str = "") -> None:
+        """The run stopped early (``kind``: the problem to record, with the reason)."""
+        self.ending, self.reason, self.ended_at = ending, reason, at
+        if kind:
+            self.event(kind, at, reason)
+
+    def truncate(self, index: int) -> None:
+        """Drop the rest of cell ``index``'s output: a notice in the cell and a problem."""
+        self.truncated.add(index)
+        self.outputs.setdefault(index, []).append(
+            {"output_type": "stream", "name": "stdout",
+             "text": f"\n... output truncated: this cell printed more than {self.limits.max_output_kb} kB ...\n"})
+        self.event("output_truncated", index, f"the cell printed more than {self.limits.max_output_kb} kB; "
+                                              "the rest was dropped")
+
+    def add_output(self, index: Any, output: Any) -> None:
+        if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self.current:
+            return
+        if is_test_cell(self.cells[index]):
+            return  # a test cell shows the grader's report only
+        clean = clean_output(output)
+        if clean is None or index in self.truncated:
+            return
+        kind = clean["output_type"]
+        size = (len(clean["text"]) if kind == "stream" else
+                len(clean["evalue"]) + sum(len(t) for t in clean["traceback"]) if kind == "error" else
+                sum(len(v) for v in clean["data"].values()))
+        cell_cap = self.limits.max_output_kb * 1024
+        nb_cap = self.limits.max_notebook_output_kb * 1024
+        used = self.used.get(index, 0)
+        if used + size > cell_cap or self.total + size > nb_cap:
+            room = max(0, min(cell_cap - used, nb_cap - self.total))
+            if clean["output_type"] == "stream" and room > 0:
+                clean["text"] = clean["text"][:room]
+                self.outputs.setdefault(index, []).append(clean)
+                self.total += room
+            self.truncate(index)
+            return
+        self.used[index] = used + size
+        self.total += size
+        self.outputs.setdefault(index, []).append(clean)
+
+    def finish(self, exit_status: int | None) -> None:
+        """The run is over (``exit_status``: its process's, None if killed here): how it ended,
+        in words and as problems, and a problem for each cell that raised."""
+        if self.ending is Ending.PROCESS_ENDED:
+            self.reason += exit_words(exit_status)
+            self.event("kernel_died", self.ended_at, self.reason + " (os._exit, exit(), a crash such as a "
+                                                                   "segmentation fault, or running out of memory)")
+        elif self.ending is Ending.EXIT_CALLED:
+            self.event("kernel_died", self.ended_at, self.reason)
+        if not self.done and self.ending is None:
+            self.ending, self.reason = Ending.STOPPED, "the notebook stopped"
+        cell_errors(self)
+
+
+def exit_words(code: int | None) -> str:
+    if code is None:
+        return ""
+    if code > 128:
+        try:
+            return f", killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            return f", killed by signal {code - 128}"
+    if code < 0:
+        try:
+            return f", killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f", killed by signal {-code}"
+    return f", exit code {code}"
+
+
+def cell_errors(transcript: Transcript) -> None:
+    """One ``error`` problem for each cell (not a test cell) that raised.
+
+    A cell stopped by an unfinished item or by a reference that is not available while
+    grading is not a problem, and neither is a later cell's ``NameError`` (a name the
+    stopped cell would have defined, as in notebook 05's demonstration of relative
+    positions)."""
+    skipped = False
+    for index, outputs in sorted(transcript.outputs.items()):
+        if is_test_cell(transcript.cells[index]) or transcript.status.get(index) == "timeout":
+            continue
+        for output in outputs:
+            if output["output_type"] == "error" and output["ename"] not in ("KeyboardInterrupt",):
+                if (output["ename"] in ("NotImplementedError", "ReferenceUnavailable")
+                        or "not available while this notebook is graded" in output["evalue"]):
+                    skipped = True
+                    break  # an unfinished item, or a demonstration of this notebook's references: not a new problem
+                if skipped and output["ename"] == "NameError":
+                    break
+                transcript.event("error", index, f"raised {output['ename']}: {output['evalue'][:300]}")
+                break

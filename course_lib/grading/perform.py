@@ -1,0 +1,89 @@
+"""The student's side of a check: run an implementation on a call's inputs and hand back plain
+data (:func:`perform`). This is the only code that touches a student's implementation; in a
+graded notebook it runs in the student's sandboxed process, and the grader believes nothing
+of it but the plain data it returns."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from .calls import Call, CheckFailed, Subject, qualified, realise
+from .probes import PROBES
+from .silence import quiet
+from .watch import forbid, is_reference
+
+__all__ = ["perform", "student_frame"]
+
+
+def student_frame(tb: traceback.StackSummary) -> str:
+    """The last line of the traceback that is not inside course_lib or torch."""
+    for frame in reversed(tb):
+        path = frame.filename.replace("\\", "/")
+        if "/course_lib/" in path or "/torch/" in path or "/site-packages/" in path:
+            continue
+        if frame.line:
+            return f" (at `{frame.line.strip()[:200]}`)"
+    return ""
+
+
+def _error(kind: str, exc: BaseException | None = None, text: str = "") -> dict:
+    answer = {"ok": False, "kind": kind, "text": text[:2000]}
+    if exc is not None:
+        answer["exc"] = type(exc).__name__[:80]
+        answer["where"] = student_frame(traceback.extract_tb(exc.__traceback__))
+        answer["text"] = (text or str(exc)).strip()[:2000]
+    return answer
+
+
+def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
+    """Run ``call`` on ``impl`` (the student's, the reference or a mistake) and return the
+    answer as plain data: ``{"ok": True, "value": ..., "warnings": [...]}`` or
+    ``{"ok": False, "kind": ..., ...}`` where kind is ``stub``, ``error``, ``check``
+    (a message from course code, e.g. a wrong parameter shape), ``recursion``,
+    ``reference`` (the reference was used) or ``missing`` (no implementation).
+
+    ``watch`` watches for calls of the reference and forbidden callables (off when
+    the reference itself answers)."""
+    spec = subject if isinstance(subject, Subject) else Subject.of(subject)
+    if impl is None:
+        return _error("missing", text=f"`{spec.name}` is not defined")
+    run = PROBES.get(call.probe.name)
+    if run is None:
+        return _error("check", text=f"the grader asked for an unknown probe {call.probe.name!r}")
+    options = call.probe.options
+
+    def answer(impl: Any, inputs: dict) -> Any:
+        return run(spec, impl, inputs, options)
+    if watch and spec.reference is not None and is_reference(impl, spec.reference):
+        return {"ok": False, "kind": "reference",
+                "text": f"it is {qualified(spec.reference)}, the course's reference for this item"}
+    try:
+        inputs = realise(call.inputs)
+    except Exception as exc:  # a grading input could not be built here
+        return _error("check", text=f"the grader's inputs could not be built: {type(exc).__name__}: {exc}")
+    used: list[str] = []
+    with quiet() as captured:
+        try:
+            if watch and spec.reference is not None:
+                with forbid(spec.reference, spec.forbidden) as used:
+                    value = answer(impl, inputs)
+            else:
+                value = answer(impl, inputs)
+        except CheckFailed as failed:
+            return {**_error("check", text=str(failed)), "stop": failed.stop}
+        except NotImplementedError as exc:
+            return _error("stub", exc)
+        except RecursionError as exc:
+            return _error("recursion", exc)
+        except Exception as exc:  # the student's code may raise anything
+            if used:  # it called the reference before failing: that is what the student hears
+                return {"ok": False, "kind": "reference", "text": used[0]}
+            if getattr(exc, "refused_item", None) == spec.name:  # the grader refused the reference itself
+                return {"ok": False, "kind": "reference",
+                        "text": f"it calls {str(getattr(spec.reference, '__workbook_reference__', spec.name)).replace(':', '.')}, "
+                                "the course's reference for this item"}
+            return _error("error", exc)
+    if used:
+        return {"ok": False, "kind": "reference", "text": used[0]}
+    return {"ok": True, "value": value, "warnings": captured.warnings[:3]}

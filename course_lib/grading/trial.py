@@ -1,0 +1,222 @@
+"""A trial: one implementation under one item's spec, as its sub-checks see it.
+
+A sub-check asks its :class:`Trial` for the student's answers to calls
+(:meth:`Trial.student`) and judges them: it compares them with the reference, checks
+properties and names catalogued mistakes (:meth:`Trial.likely_mistake`). Where the answers
+come from is the trial's *answer source*:
+
+- :class:`LocalAnswers` runs the student's implementation in this process (the
+  notebook's ``check(...)``, the tests);
+- :class:`RecordingAnswers` lets the reference answer and records every call: the
+  *plan* of an item (:class:`ItemPlan`: what to run, on which inputs);
+- :class:`ReplayAnswers` hands out answers computed elsewhere (the student's
+  sandboxed process) in the planned order.
+
+Every answer crosses :mod:`course_lib.grading.wire`, also in-process, so the three paths see
+the same plain data. Running a spec's sub-checks on a trial: :mod:`course_lib.grading.runner`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .calls import INVOKE, Call, Probe
+from .perform import perform
+from .spec import CheckFailed, ItemSpec
+from .watch import ReferenceUsed
+from .wire import decode, encode, to_plain
+
+__all__ = ["Trial", "LocalAnswers", "RecordingAnswers", "ReplayAnswers", "ItemPlan", "LIKELY_CAUSE",
+           "mistake_named"]
+
+LIKELY_CAUSE = "Likely cause: "
+
+
+@dataclass
+class ItemPlan:
+    """What to run for one item: the encoded calls, one segment per sub-check."""
+
+    item: str
+    hidden: bool
+    segments: list[list[bytes]]
+
+    @property
+    def calls(self) -> list[bytes]:
+        return [c for seg in self.segments for c in seg]
+
+
+def _call_bytes(call: Call) -> bytes:
+    return encode(call.as_data(), kind="call")
+
+
+class LocalAnswers:
+    """The implementation runs here, on the inputs as the other side of the wire would
+    see them, and its answer is made plain data."""
+
+    def __init__(self, spec: ItemSpec, impl: Any) -> None:
+        self.spec, self.impl = spec, impl
+
+    def answer(self, call: Call) -> dict:
+        sent = Call.from_data(decode(_call_bytes(call), kind="call"))
+        return to_plain(perform(self.spec, self.impl, sent))
+
+
+class RecordingAnswers:
+    """The reference answers; every call is recorded, segment by segment (one segment
+    per sub-check)."""
+
+    def __init__(self, spec: ItemSpec) -> None:
+        self.spec = spec
+        self.segments: list[list[bytes]] = []
+
+    def begin(self) -> None:
+        self.segments.append([])
+
+    def answer(self, call: Call) -> dict:
+        data = _call_bytes(call)
+        self.segments[-1].append(data)
+        answer = perform(self.spec, self.spec.reference, Call.from_data(decode(data, kind="call")), watch=False)
+        return to_plain(answer)
+
+
+class ReplayAnswers:
+    """Answers computed elsewhere, handed out in the order of the plan. A call that
+    differs from the planned one gets no answer (it would be a bug in a spec: the
+    calls a sub-check makes may not depend on the answers, except by stopping early)."""
+
+    def __init__(self, plan: "ItemPlan", answers: Sequence[Sequence[dict | None]]) -> None:
+        self.plan, self.answers = plan, answers
+        self.segment = -1
+        self.position = 0
+
+    def begin(self) -> None:
+        self.segment += 1
+        self.position = 0
+
+    def answer(self, call: Call) -> dict:
+        s, i = self.segment, self.position
+        self.position += 1
+        planned = self.plan.segments[s] if s < len(self.plan.segments) else []
+        if i >= len(planned) or _call_bytes(call) != planned[i]:
+            return {"ok": False, "kind": "no_answer", "text": "the grader asked for an answer it had not planned"}
+        got = self.answers[s][i] if s < len(self.answers) and i < len(self.answers[s]) else None
+        if got is None:
+            return {"ok": False, "kind": "no_answer", "text": "no answer came back for this call"}
+        return got
+
+
+class Trial:
+    """What a sub-check uses: :meth:`student` (answers), :meth:`reference` and
+    :meth:`mistake_output` (computed here), :meth:`compare`, and :meth:`likely_mistake`.
+    All raise :class:`CheckFailed` with a student-facing message when something is wrong."""
+
+    def __init__(self, spec: ItemSpec, source: Any, device: torch.device, name_mistakes: bool = True) -> None:
+        self.spec = spec
+        self.source = source
+        self.device = device
+        self.name_mistakes = name_mistakes  # False: pass or fail only (no search of the catalogue)
+        self.warnings: list[str] = []
+
+    # -- running ---------------------------------------------------------
+    def student(self, inputs: dict, label: str = "", probe: Probe = INVOKE) -> Any:
+        """The student's answer for ``probe`` on ``inputs`` (plain data)."""
+        answer = self.source.answer(Call(self.spec.name, inputs, probe))
+        return self._unwrap(answer, label)
+
+    def _unwrap(self, answer: Any, label: str) -> Any:
+        name = self.spec.name
+        on = f" on {label}" if label else ""
+        if not isinstance(answer, dict):
+            raise CheckFailed(f"`{name}`{on}: the answer could not be read.")
+        if answer.get("ok") is True:
+            for w in answer.get("warnings") or []:
+                if isinstance(w, str) and w not in self.warnings:
+                    self.warnings.append(w[:300])
+            return answer.get("value")
+        kind = answer.get("kind")
+        text = str(answer.get("text", ""))[:2000]
+        if kind == "stub":
+            raise CheckFailed(f"`{name}` raised NotImplementedError{on}: it still contains the stub "
+                              "`raise NotImplementedError()`. Replace it with your code.", stop=True)
+        if kind == "recursion":
+            raise CheckFailed(f"`{name}` recursed without end{on}.")
+        if kind == "error":
+            exc = str(answer.get("exc", "an exception"))[:80]
+            where = str(answer.get("where", ""))[:300]
+            raise CheckFailed(f"`{name}` raised {exc}{on}{where}: {text[:300]}")
+        if kind == "check":
+            raise CheckFailed(text, stop=bool(answer.get("stop")))
+        if kind == "reference":
+            raise ReferenceUsed(text)
+        if kind == "missing":
+            raise CheckFailed(f"`{name}` is not defined when its test cell runs (its cell did not run, "
+                              "or raised an error).", stop=True)
+        raise CheckFailed(f"`{name}`{on}: {text or 'no answer'}", stop=kind == "no_answer")
+
+    def reference(self, inputs: dict, probe: Probe = INVOKE) -> Any:
+        """The reference's output on ``inputs``, as plain data."""
+        answer = perform(self.spec, self.spec.reference, Call(self.spec.name, inputs, probe), watch=False)
+        if not answer["ok"]:
+            raise RuntimeError(f"the reference of {self.spec.name} failed: {answer}")
+        return to_plain(answer["value"])
+
+    def mistake_output(self, impl: Any, inputs: dict, probe: Probe = INVOKE) -> Any:
+        """A catalogued mistake's output on ``inputs`` (None if it raises)."""
+        answer = perform(self.spec, impl, Call(self.spec.name, inputs, probe), watch=False)
+        return to_plain(answer["value"]) if answer["ok"] else None
+
+    # -- comparing -------------------------------------------------------
+    def likely_mistake(self, case: Any, got: Any, expected: Any, differ: Any = None,
+                       probe: Probe = INVOKE) -> str | None:
+        """The hint of the first catalogued mistake that reproduces ``got`` on ``case``.
+
+        ``differ(a, b)`` returns None when two outputs match (default:
+        :func:`~course_lib.grading.compare.describe_difference`, NaN equal to NaN when
+        matching the student's output)."""
+        if not self.name_mistakes:
+            return None
+        from .compare import describe_difference
+        names = self.spec.output_names
+        shows = differ or (lambda e, w: describe_difference(e, w, names))
+        same = differ or (lambda w, g: describe_difference(w, g, names, equal_nan=True))
+        for mistake in self.spec.mistakes:
+            wrong = self.mistake_output(mistake.impl, case.make(self.device), probe)
+            if wrong is None or shows(expected, wrong) is None:
+                continue  # this mistake does not show on this input
+            if same(wrong, got) is None:
+                return mistake.hint
+        return None
+
+    def compare(self, cases: Sequence[Any], probe: Probe = INVOKE, differ: Any = None) -> None:
+        """Compare the student's answer to ``probe`` with the reference's on each case;
+        ``differ(expected, got)`` says how they differ, None when they match (default:
+        :func:`~course_lib.grading.compare.describe_difference`)."""
+        from .compare import describe_difference
+        for case in cases:
+            expected = self.reference(case.make(self.device), probe)
+            got = self.student(case.make(self.device), case.label, probe)
+            problem = (differ or (lambda e, g: describe_difference(e, g, self.spec.output_names)))(expected, got)
+            if problem is None:
+                continue
+            message = f"On {case.label}: {problem}"
+            hint = self.likely_mistake(case, got, expected, differ=differ, probe=probe)
+            if hint:
+                message += f"\n{LIKELY_CAUSE}{hint}"
+            raise CheckFailed(message)
+
+
+def mistake_named(spec: ItemSpec, message: str) -> str:
+    """The name of the likely cause a failure message gives: the catalogued mistake whose
+    hint it quotes, otherwise the hint's first clause; "" when it names no cause."""
+    _, found, hint = message.partition(LIKELY_CAUSE)
+    if not found:
+        return ""
+    known = [m for m in spec.mistakes if m.hint and m.hint in hint]
+    if known:
+        return max(known, key=lambda m: len(m.hint)).name
+    first = re.split(r"[:.;]\s", hint.strip(), maxsplit=1)[0]
+    return first[:80]
