@@ -1,0 +1,232 @@
+"""What a student's answer is to ``workbook similarity``: a sequence of normalised tokens,
+each with the place in the answer it came from (to highlight it later).
+
+- **Code** (:func:`code_tokens`): read with Python's own ``tokenize``; comments, blank lines
+  and docstrings dropped; every name a student chooses becomes ``V`` (variables, parameters,
+  functions, classes, the attributes the cell assigns), every number ``N``, every string
+  ``S``; keywords, operators and the attributes of a library (``.softmax``, ``.transpose``)
+  stay as written. Each run of simple statements in one block (assignments, calls, returns
+  between two compound statements) is put in a canonical order, so independent statements
+  written in another order read the same. Code that ``tokenize`` cannot read (a syntax
+  error, an IPython magic) is read line by line by a plain pattern instead.
+- **Written answers** (:func:`text_tokens`): lower-case words, markdown and punctuation
+  dropped, the sentences in a canonical order.
+
+Only the first :data:`MAX_CHARS` characters of an answer are read (an honest answer is a
+few hundred); the report says when an answer was cut.
+"""
+
+from __future__ import annotations
+
+import io
+import keyword
+import re
+import tokenize
+from dataclasses import dataclass, field
+
+__all__ = ["Tokens", "code_tokens", "text_tokens", "MAX_CHARS"]
+
+MAX_CHARS = 100_000  # characters of one answer read and shown
+
+
+@dataclass
+class Tokens:
+    """Normalised tokens in canonical order (``words``), with each one's ``(start, end)``
+    character span in ``source`` (the answer as read, at most :data:`MAX_CHARS` long)."""
+
+    source: str
+    words: list[str] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    cut: bool = False  # the answer was longer than MAX_CHARS
+
+
+# a statement: its block depth, whether it opens or belongs to a compound statement, its tokens
+_Statement = tuple[int, bool, list[tuple[str, int, int]]]
+
+_COMPOUND = {"if", "elif", "else", "for", "while", "try", "except", "finally", "with", "def", "class", "async", "@",
+             "match", "case"}
+_KEYWORDS = set(keyword.kwlist)
+_AUGMENTED = {"=", "+=", "-=", "*=", "/=", "//=", "%=", "@=", "&=", "|=", "^=", ">>=", "<<=", "**="}
+
+
+def _canonical(statements: list[_Statement]) -> tuple[list[str], list[tuple[int, int]]]:
+    """The statements' tokens with each run of simple statements at one depth sorted, and a
+    ``{``/``}`` where a block opens or closes and ``;`` after each statement."""
+    ordered: list[_Statement] = []
+    run: list[_Statement] = []
+
+    def flush() -> None:
+        ordered.extend(sorted(run, key=lambda s: [t[0] for t in s[2]]))
+        run.clear()
+    for statement in statements:
+        if statement[1] or (run and run[0][0] != statement[0]):
+            flush()
+        (ordered if statement[1] else run).append(statement)
+    flush()
+    words: list[str] = []
+    spans: list[tuple[int, int]] = []
+    depth = 0
+    for level, _, toks in ordered:
+        if not toks:
+            continue
+        start = toks[0][1]
+        words += ["{" if level > depth else "}"] * abs(level - depth)
+        spans += [(start, start)] * abs(level - depth)
+        depth = level
+        for word, a, b in toks:
+            words.append(word)
+            spans.append((a, b))
+        words.append(";")
+        spans.append((toks[-1][2], toks[-1][2]))
+    return words, spans
+
+
+def _offsets(source: str) -> list[int]:
+    """The character offset of each line's start (``tokenize`` gives rows and columns)."""
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    return starts
+
+
+def _assigned_attributes(raw: list[tokenize.TokenInfo]) -> set[str]:
+    """Attributes the cell assigns (``self.proj = ...``): names the student chose."""
+    names = set()
+    for i in range(1, len(raw) - 1):
+        if raw[i].type == tokenize.NAME and raw[i - 1].string == "." and raw[i + 1].string in _AUGMENTED:
+            names.add(raw[i].string)
+    return names
+
+
+def _python_statements(source: str) -> list[_Statement]:
+    """Statements as ``tokenize`` reads them; raises on code it cannot read."""
+    raw = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    starts = _offsets(source)
+    chosen = _assigned_attributes(raw)
+    statements: list[_Statement] = []
+    current: list[tuple[str, int, int]] = []
+    depth, in_fstring, prev_kind = 0, 0, None
+    fstring_types = {getattr(tokenize, n, -1) for n in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END")}
+    prev = ""
+    for tok in raw:
+        kind, text = tok.type, tok.string
+        a = starts[tok.start[0] - 1] + tok.start[1] if tok.start[0] - 1 < len(starts) else len(source)
+        b = starts[tok.end[0] - 1] + tok.end[1] if tok.end[0] - 1 < len(starts) else len(source)
+        if kind == getattr(tokenize, "FSTRING_START", -1):
+            in_fstring += 1
+            if in_fstring == 1:
+                current.append(("S", a, b))
+            continue
+        if in_fstring:  # Python 3.12+ splits an f-string into parts: one S for all of it
+            if kind == getattr(tokenize, "FSTRING_END", -1):
+                in_fstring -= 1
+            if current and current[-1][0] == "S":
+                current[-1] = ("S", current[-1][1], b)
+            continue
+        if kind in fstring_types:
+            continue
+        if kind == tokenize.INDENT:
+            depth += 1
+        elif kind == tokenize.DEDENT:
+            depth -= 1
+        elif kind == tokenize.NEWLINE:
+            if current and not all(w == "S" for w, _, _ in current):  # a docstring or a bare string: dropped
+                compound = current[0][0] in _COMPOUND or prev == ":"
+                statements.append((depth, compound, current))
+            current = []
+        elif kind in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER):
+            pass
+        elif kind == tokenize.NAME:
+            if text in _KEYWORDS or text in ("match", "case") and not current:
+                word = text
+            elif prev == "." and text not in chosen:
+                word = text  # a library's attribute: .softmax, .transpose
+            else:
+                word = "V"
+            current.append((word, a, b))
+        elif kind == tokenize.NUMBER:
+            current.append(("N", a, b))
+        elif kind == tokenize.STRING:
+            if current and current[-1][0] == "S" and prev_kind == tokenize.STRING:
+                current[-1] = ("S", current[-1][1], b)  # "a" "b" is one string
+            else:
+                current.append(("S", a, b))
+        elif text.strip():
+            current.append((text, a, b))
+        if kind not in (tokenize.COMMENT, tokenize.NL):
+            prev = text if kind != tokenize.NEWLINE else ""
+            prev_kind = kind
+    if current:
+        statements.append((depth, current[0][0] in _COMPOUND, current))
+    return statements
+
+
+_PLAIN = re.compile(r"""(?P<comment>\#[^\n]*)|(?P<string>[rRbBuUfF]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'[^'\n]*'|"[^"\n]*"))
+                       |(?P<number>\d[\w.]*)|(?P<name>[^\W\d]\w*)|(?P<newline>\n)
+                       |(?P<op>\*\*=?|//=?|>>=?|<<=?|[-+*/%@&|^=<>!:]=|->|:=|\S)""", re.X)
+
+
+def _plain_statements(source: str) -> list[_Statement]:
+    """Statements of code ``tokenize`` cannot read: one a line, its depth from its indentation."""
+    statements: list[_Statement] = []
+    current: list[tuple[str, int, int]] = []
+    widths = [0]  # the indentation of each open block
+    line_start, prev = 0, ""
+
+    def end_line(compound: bool) -> None:
+        width = len(source[line_start:current[0][1]].expandtabs(4))
+        while width < widths[-1]:
+            widths.pop()
+        if width > widths[-1]:
+            widths.append(width)
+        statements.append((len(widths) - 1, compound, list(current)))
+    for m in _PLAIN.finditer(source):
+        kind, text, a, b = m.lastgroup, m.group(), m.start(), m.end()
+        if kind == "newline":
+            if current:
+                end_line(current[0][0] in _COMPOUND or prev == ":")
+            current, line_start, prev = [], b, ""
+            continue
+        if kind == "comment":
+            continue
+        if kind == "name":
+            word = text if text in _KEYWORDS or prev == "." else "V"
+        else:
+            word = {"string": "S", "number": "N"}.get(kind, text)
+        current.append((word, a, b))
+        prev = text
+    if current:
+        end_line(current[0][0] in _COMPOUND)
+    return statements
+
+
+def code_tokens(source: str) -> Tokens:
+    """A code answer's normalised tokens (see the module's description)."""
+    cut = len(source) > MAX_CHARS
+    source = source[:MAX_CHARS]
+    try:
+        statements = _python_statements(source)
+    except (tokenize.TokenError, SyntaxError, ValueError):  # IndentationError is a SyntaxError
+        statements = _plain_statements(source)
+    words, spans = _canonical(statements)
+    return Tokens(source, words, spans, cut)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n\s*\n|\n(?=\s*(?:[-*+]|\d+\.)\s)")
+_WORD = re.compile(r"[^\W_]+(?:_[^\W_]+)*")
+
+
+def text_tokens(source: str) -> Tokens:
+    """A written answer's words, lower-case, its sentences in canonical order."""
+    cut = len(source) > MAX_CHARS
+    source = source[:MAX_CHARS]
+    statements: list[_Statement] = []
+    start = 0
+    for end in [m.start() for m in _SENTENCE_END.finditer(source)] + [len(source)]:
+        words = [(m.group().lower(), start + m.start(), start + m.end()) for m in _WORD.finditer(source[start:end])]
+        if words:
+            statements.append((0, False, words))
+        start = end
+    words, spans = _canonical(statements)
+    keep = [i for i, w in enumerate(words) if w != ";"]  # a sentence is no token of its own
+    return Tokens(source, [words[i] for i in keep], [spans[i] for i in keep], cut)
