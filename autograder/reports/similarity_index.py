@@ -10,8 +10,8 @@ index from fingerprint to students, and the pairs that share more than chance ex
   around it) counts for nothing; so does a fingerprint that more than ``common_share`` of
   the class holds (and more than ``min_common`` students), as MOSS ignores a passage found
   in many programs: what a large part of the class wrote alike. Below that limit a
-  fingerprint counts the less the more students hold it (1 when two do, then falling
-  slowly, and fast near the limit).
+  fingerprint counts the less the more students hold it (1 when two do; the inverse
+  document frequency of a search engine, ``log(n / df) / log(n / 2)``, for more).
 - **The index** (:class:`ItemIndex`): each fingerprint lists the students who hold it; the
   weights two students share are summed over the lists (never answer against answer), in
   blocks of rows so that a large class needs no n x n table at once.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -48,8 +49,8 @@ class Settings:
     min_common: int = 5  # ... nor one more than this many hold (in a small class)
 
 
-CODE = Settings(k=8, window=4, min_tokens=30, min_prints=10)
-TEXT = Settings(k=3, window=1, min_tokens=25, min_prints=8)
+CODE = Settings(k=8, window=4, min_tokens=40, min_prints=10)
+TEXT = Settings(k=3, window=1, min_tokens=20, min_prints=8)
 
 _BASE = np.uint64(0x9E3779B97F4A7C15)  # an odd 64-bit multiplier (the golden ratio's)
 _IDS: dict[str, int] = {}
@@ -123,10 +124,11 @@ class Pair:
 
 
 class ItemIndex:
-    """The class's answers to one item, indexed by fingerprint."""
+    """The class's answers to one item, indexed by fingerprint (``words(student)``, or
+    ``words(REFERENCE)``, gives an answer's tokens: needed only for the pairs judged)."""
 
-    def __init__(self, students: list[str], prints: list[Fingerprints], words: list[list[str]],
-                 settings: Settings, reference: tuple[Fingerprints, list[str]] | None = None,
+    def __init__(self, students: list[str], prints: list[Fingerprints], words: Callable[[str], list[str]],
+                 settings: Settings, reference: Fingerprints | None = None,
                  template: np.ndarray | None = None) -> None:
         self.students, self.prints, self.words, self.settings = students, prints, words, settings
         self.reference = reference
@@ -141,14 +143,18 @@ class ItemIndex:
         self.weights = self.weight(self.df)
         order = np.lexsort((owners, inverse))  # entries grouped by fingerprint, students ascending
         self._owners, self._group = owners[order], inverse[order]
-        counted = self.df[inverse] <= self.common
+        counted = self.weights[inverse] > 0
         self.sizes = np.bincount(owners[counted], minlength=n)  # fingerprints of each answer that count
 
     def weight(self, df: np.ndarray) -> np.ndarray:
-        """1 for a fingerprint two students (or one) hold, falling (slowly, then fast) to 0
-        past ``common``: ``1 - ((df - 2) / (common - 1))**2``."""
-        fall = np.clip((df.astype(np.float64) - 2) / max(self.common - 1, 1), 0.0, None)
-        return np.where(df <= self.common, np.clip(1 - fall**2, 0.0, 1.0), 0.0)
+        """What a fingerprint ``df`` students hold is worth: 1 when two do (or one), then the
+        less the more hold it, ``log(n / df) / log(n / 2)`` (as a search engine weighs a
+        rare word), and nothing past ``common``."""
+        n = len(self.students)
+        if n <= 2:
+            return np.ones(len(df))
+        share = np.log(n / np.maximum(df, 2)) / np.log(n / 2)
+        return np.where(df <= self.common, np.clip(share, 0.0, 1.0), 0.0)
 
     def df_of(self, hashes: np.ndarray) -> np.ndarray:
         """How many students hold each of ``hashes`` (0 for none)."""
@@ -192,9 +198,8 @@ class ItemIndex:
         """Each student whose answer is at least ``floor`` similar to the reference."""
         if self.reference is None or not self.students:
             return []
-        ref = np.unique(self.reference[0].hashes)
-        ref_df = self.df_of(ref)
-        ref_size = int(np.sum(ref_df <= self.common))
+        ref = np.unique(self.reference.hashes)
+        ref_size = int(np.sum(self.weight(self.df_of(ref)) > 0))
         entries = np.isin(self.hashes[self._group], ref)
         shared = np.bincount(self._owners[entries], weights=self.weights[self._group[entries]],
                              minlength=len(self.students))
@@ -205,10 +210,9 @@ class ItemIndex:
     def _side(self, who: str) -> tuple[Fingerprints, list[str], np.ndarray]:
         if who == REFERENCE:
             assert self.reference is not None
-            prints, words = self.reference
-            return prints, words, np.unique(prints.hashes)
+            return self.reference, self.words(who), np.unique(self.reference.hashes)
         s = self._at[who]
-        return self.prints[s], self.words[s], self.sets[s]
+        return self.prints[s], self.words(who), self.sets[s]
 
     def _spread(self, starts: np.ndarray, length: int) -> np.ndarray:
         """A mask over ``length`` tokens: the k tokens from each of ``starts``."""
@@ -223,7 +227,7 @@ class ItemIndex:
         less every token of a k-gram the released notebook has (a stub's signature)."""
         (pa, wa, sa), (pb, wb, sb) = self._side(a), self._side(b)
         common = np.intersect1d(sa, sb)
-        common = common[self.df_of(common) <= self.common]
+        common = common[self.weight(self.df_of(common)) > 0]
         masks = []
         for prints, words in ((pa, wa), (pb, wb)):
             shared = self._spread(prints.positions[np.isin(prints.hashes, common)], len(words))

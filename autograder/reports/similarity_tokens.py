@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["Tokens", "code_tokens", "text_tokens", "MAX_CHARS"]
 
-MAX_CHARS = 100_000  # characters of one answer read and shown
+MAX_CHARS = 20_000  # characters of one answer read and shown (an honest one has a few hundred)
 
 
 @dataclass
