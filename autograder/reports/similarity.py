@@ -9,7 +9,8 @@ released notebook already holds (the stub, the code and text around it) and what
 part of the class wrote alike count for nothing; the engine and its rules are in
 :mod:`autograder.reports.similarity_index`, the normalisation (names, literals, comments,
 the order of independent statements) in :mod:`autograder.reports.similarity_tokens`, the
-CSV, the HTML page and the terminal summary in :mod:`autograder.reports.similarity_report`.
+CSV, the HTML page, the terminal summary and the command itself in
+:mod:`autograder.reports.similarity_report`.
 
 Submissions are read as ``autograde`` reads them, through the intake door
 (:func:`autograder.pipeline.prepare.read_submission`); a student rejected at collect, or
@@ -31,13 +32,12 @@ from ..course import Course, CourseError, read_json
 from ..course.settings import intake_limits
 from ..inside.cells import nbgrader_meta
 from ..pipeline.prepare import read_submission
-from .similarity_index import (CODE, REFERENCE, TEXT, Fingerprints, ItemIndex, Pair, Settings, clusters, fingerprints,
-                               kgram_hashes)
+from .similarity_index import (CODE, REFERENCE, TEXT, Fingerprints, ItemIndex, Pair, Settings, class_frequency, clusters,
+                               fingerprints, kgram_hashes)
 from .similarity_tokens import Tokens, code_tokens, text_tokens
 
 __all__ = ["Item", "ItemResult", "ClassAnswers", "read_class", "reference_source", "compare_item", "compare_class",
-           "similarity_report",
-           "DEFAULT_THRESHOLD"]
+           "frequencies", "DEFAULT_THRESHOLD"]
 
 DEFAULT_THRESHOLD = 0.5
 
@@ -72,6 +72,7 @@ class ClassAnswers:
     items: list[Item]
     students: list[str]  # every student read
     unread: dict[str, str]  # student -> why their work was left out
+    refused: list[str] = field(default_factory=list)  # submission folders whose name is no student id (why)
 
 
 @dataclass
@@ -91,15 +92,38 @@ class ItemResult:
 
 def reference_source(item: str) -> str | None:
     """course_lib's reference of ``item`` as source (a class's whole source for a module
-    item), or None when there is none."""
+    item), followed by the source of every function and class of its own module that it
+    uses, and those use (a reference that hands its work to a helper is copied with the
+    helper); None when there is none."""
+    import ast
+    import sys
+
     from course_lib.grading.registry import all_specs
     spec = all_specs().get(item)
     if spec is None:
         return None
-    try:
-        return textwrap.dedent(inspect.getsource(spec.reference))
-    except (OSError, TypeError):
-        return None
+    module = sys.modules.get(getattr(spec.reference, "__module__", ""), None)
+    parts, seen, todo = [], set(), [spec.reference]
+    while todo and len(parts) < 20:
+        obj = todo.pop(0)
+        try:
+            source = textwrap.dedent(inspect.getsource(obj))
+        except (OSError, TypeError):
+            if not parts:
+                return None
+            continue
+        parts.append(source)
+        seen.add(id(obj))
+        try:
+            names = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+        except SyntaxError:
+            continue
+        for name in sorted(names):
+            used = getattr(module, name, None)
+            if (inspect.isfunction(used) or inspect.isclass(used)) and id(used) not in seen \
+                    and getattr(used, "__module__", None) == getattr(module, "__name__", "") and used not in todo:
+                todo.append(used)
+    return "\n\n".join(parts)
 
 
 def _released_items(course: Course, assignment: str) -> list[Item]:
@@ -199,12 +223,13 @@ def read_class(course: Course, assignment: str, students: list[str] | None = Non
             for student, (source, prints) in answers.items():
                 by_cell[key].answers[student] = source
                 by_cell[key].prints[student] = prints
-    return ClassAnswers(assignment, items, sorted(read), unread)
+    return ClassAnswers(assignment, items, sorted(read), unread, course.refused_folders(assignment))
 
 
-def compare_item(item: Item, threshold: float) -> ItemResult:
+def compare_item(item: Item, threshold: float, frequency: tuple[np.ndarray, np.ndarray] | None = None) -> ItemResult:
     """One item's pairs: every two answers (and each answer with the reference) at least
-    half the threshold similar, judged against the threshold, with its clusters."""
+    half the threshold similar, judged against the threshold, with its clusters;
+    ``frequency``: how many students wrote each fingerprint in any item (:func:`frequencies`)."""
     students, prints = [], []
     for student, source in sorted(item.answers.items()):
         fp = item.prints.get(student) or item.fingerprints(source)
@@ -218,7 +243,7 @@ def compare_item(item: Item, threshold: float) -> ItemResult:
             tokens[who] = item.tokens(item.reference if who == REFERENCE else item.answers[who])
         return tokens[who].words
     reference = item.fingerprints(item.reference) if item.reference is not None else None
-    index = ItemIndex(students, prints, words, item.settings, reference, item.template)
+    index = ItemIndex(students, prints, words, item.settings, reference, item.template, frequency)
     floor = threshold / 2
     pairs = [index.judge(p, threshold) for p in index.similar_pairs(floor) + index.reference_pairs(floor)]
     pairs.sort(key=lambda p: (-p.similarity, p.a, p.b))
@@ -230,24 +255,24 @@ def compare_item(item: Item, threshold: float) -> ItemResult:
     return result
 
 
+def frequencies(items: list[Item]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """For each kind of item (code, text): how many students wrote each fingerprint in any item."""
+    out = {}
+    for kind in {i.kind for i in items}:
+        by_student: dict[str, list[np.ndarray]] = {}
+        for item in items:
+            if item.kind == kind:
+                for student, source in item.answers.items():
+                    prints = item.prints.get(student) or item.fingerprints(source)
+                    item.prints[student] = prints
+                    by_student.setdefault(student, []).append(prints.hashes)
+        out[kind] = class_frequency(list(by_student.values()))
+    return out
+
+
 def compare_class(answers: ClassAnswers, threshold: float = DEFAULT_THRESHOLD) -> list[ItemResult]:
-    """Every item of the class compared (the fingerprints are taken: what is left is cheap)."""
-    return [compare_item(item, threshold) for item in answers.items]
-
-
-def similarity_report(course: Course, assignment: str, threshold: float = DEFAULT_THRESHOLD,
-                      csv_path: Path | None = None, html_folder: Path | None = None,
-                      jobs: int | None = None) -> tuple[list[str], Path, Path]:
-    """``workbook similarity``: the class read, compared, and written as the CSV and the page
-    (default: ``grading/similarity/<assignment>/similarity.csv`` and ``index.html``); returns
-    the terminal's summary lines and the two paths."""
-    from .similarity_report import summary_lines, write_similarity_csv, write_similarity_html
-    if not 0 < threshold <= 1:
-        raise CourseError(f"the threshold is a similarity between 0 and 1, not {threshold:g}")
-    answers = read_class(course, assignment, jobs=jobs)
-    results = compare_class(answers, threshold)
-    folder = course.grading_dir / "similarity" / assignment
-    csv_path = csv_path or folder / "similarity.csv"
-    write_similarity_csv(csv_path, results)
-    page = write_similarity_html(html_folder or folder, answers, results, threshold)
-    return summary_lines(answers, results, threshold), csv_path, page
+    """Every item of the class compared (the fingerprints are taken: what is left is cheap),
+    what the class wrote alike in any item of the same kind counting for as little as it does
+    in its own."""
+    common = frequencies(answers.items)
+    return [compare_item(item, threshold, common[item.kind]) for item in answers.items]

@@ -11,15 +11,19 @@ index from fingerprint to students, and the pairs that share more than chance ex
   the class holds (and more than ``min_common`` students), as MOSS ignores a passage found
   in many programs: what a large part of the class wrote alike. Below that limit a
   fingerprint counts the less the more students hold it (1 when two do; the inverse
-  document frequency of a search engine, ``log(n / df) / log(n / 2)``, for more).
+  document frequency of a search engine, ``log(n / df) / log(n / 2)``, for more). How
+  many hold it is counted in the item and in the whole assignment, whichever is more: the
+  canonical lines of attention are common in every item that has them.
 - **The index** (:class:`ItemIndex`): each fingerprint lists the students who hold it; the
   weights two students share are summed over the lists (never answer against answer), in
   blocks of rows so that a large class needs no n x n table at once.
-- **Similarity** of a pair: the shared weight over the fingerprints of the smaller answer
-  (the part of the shorter answer the other one also has: a copy with lines added, or a
-  reference copied with its checks left out, still scores 1). It is *flagged* at the
-  threshold only when the shared fragments cover at least ``min_tokens`` tokens of both
-  answers: a short answer (a one-line mask) is never flagged on its own.
+- **Similarity** of a pair: the weight of the fingerprints they share over the number of
+  fingerprints that count in the smaller answer (at least ``min_prints``): the part of the
+  shorter answer the other one also has, so that a copy with lines added, or a reference
+  copied with its checks left out, still scores near 1. It is *flagged* at the threshold
+  only when the shared fragments cover at least ``min_tokens`` tokens of both answers,
+  outside the released notebook: a short answer (a one-line mask) is never flagged on its
+  own, however alike.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 __all__ = ["Settings", "CODE", "TEXT", "Fingerprints", "fingerprints", "kgram_hashes", "ItemIndex", "Pair",
-           "clusters", "REFERENCE"]
+           "clusters", "class_frequency", "within", "REFERENCE"]
 
 REFERENCE = "course_lib"  # the other side of a pair with course_lib's reference
 
@@ -80,6 +84,14 @@ def kgram_hashes(words: list[str], k: int) -> np.ndarray:
     return h
 
 
+def within(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Which of ``values`` are in ``sorted_set`` (sorted, unique): a binary search each."""
+    if not len(sorted_set):
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[at] == values
+
+
 @dataclass
 class Fingerprints:
     """The winnowed fingerprints of one answer: ``hashes[i]`` starts at token ``positions[i]``."""
@@ -94,7 +106,7 @@ class Fingerprints:
 def fingerprints(words: list[str], settings: Settings, excluded: np.ndarray | None = None) -> Fingerprints:
     """Winnowed fingerprints of ``words``: in every window of ``settings.window`` k-gram
     hashes the smallest (the rightmost of equals), each position once; those in
-    ``excluded`` (sorted: the released notebook's k-grams) left out."""
+    ``excluded`` (sorted and unique: the released notebook's k-grams) left out."""
     h = kgram_hashes(words, settings.k)
     w = settings.window
     if len(h) == 0:
@@ -107,7 +119,7 @@ def fingerprints(words: list[str], settings: Settings, excluded: np.ndarray | No
         chosen = np.unique(np.arange(len(windows)) + rightmost)
     hashes = h[chosen]
     if excluded is not None and len(excluded) and len(hashes):
-        keep = ~np.isin(hashes, excluded, assume_unique=False)
+        keep = ~within(hashes, excluded)
         hashes, chosen = hashes[keep], chosen[keep]
     return Fingerprints(hashes, chosen)
 
@@ -125,11 +137,15 @@ class Pair:
 
 class ItemIndex:
     """The class's answers to one item, indexed by fingerprint (``words(student)``, or
-    ``words(REFERENCE)``, gives an answer's tokens: needed only for the pairs judged)."""
+    ``words(REFERENCE)``, gives an answer's tokens: needed only for the pairs judged).
+    ``frequency`` (sorted fingerprints, how many students hold each in any item of the
+    assignment): a fingerprint is as common as it is here or there, whichever is more
+    (the canonical lines of attention are no evidence in an item where few wrote them)."""
 
     def __init__(self, students: list[str], prints: list[Fingerprints], words: Callable[[str], list[str]],
                  settings: Settings, reference: Fingerprints | None = None,
-                 template: np.ndarray | None = None) -> None:
+                 template: np.ndarray | None = None,
+                 frequency: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.students, self.prints, self.words, self.settings = students, prints, words, settings
         self.reference = reference
         self.template = template if template is not None else np.empty(0, dtype=np.uint64)
@@ -139,7 +155,9 @@ class ItemIndex:
         self.common = max(math.ceil(settings.common_share * n), settings.min_common)
         owners = np.repeat(np.arange(n), [len(s) for s in self.sets])
         hashes = np.concatenate(self.sets) if n else np.empty(0, dtype=np.uint64)
-        self.hashes, inverse, self.df = np.unique(hashes, return_inverse=True, return_counts=True)
+        self.frequency = frequency
+        self.hashes, inverse, self.holders = np.unique(hashes, return_inverse=True, return_counts=True)
+        self.df = np.maximum(self.holders, self._elsewhere(self.hashes))
         self.weights = self.weight(self.df)
         order = np.lexsort((owners, inverse))  # entries grouped by fingerprint, students ascending
         self._owners, self._group = owners[order], inverse[order]
@@ -150,22 +168,29 @@ class ItemIndex:
         """What a fingerprint ``df`` students hold is worth: 1 when two do (or one), then the
         less the more hold it, ``log(n / df) / log(n / 2)`` (as a search engine weighs a
         rare word), and nothing past ``common``."""
-        n = len(self.students)
-        if n <= 2:
-            return np.ones(len(df))
+        n = max(len(self.students), 3)
         share = np.log(n / np.maximum(df, 2)) / np.log(n / 2)
         return np.where(df <= self.common, np.clip(share, 0.0, 1.0), 0.0)
 
+    def _elsewhere(self, hashes: np.ndarray) -> np.ndarray:
+        """How many students hold each of ``hashes`` in any item (0 without ``frequency``)."""
+        if self.frequency is None or not len(self.frequency[0]):
+            return np.zeros(len(hashes), dtype=np.int64)
+        known, counts = self.frequency
+        at = np.minimum(np.searchsorted(known, hashes), len(known) - 1)
+        return np.where(known[at] == hashes, counts[at], 0)
+
     def df_of(self, hashes: np.ndarray) -> np.ndarray:
-        """How many students hold each of ``hashes`` (0 for none)."""
-        at = np.clip(np.searchsorted(self.hashes, hashes), 0, max(len(self.hashes) - 1, 0))
-        found = (self.hashes[at] == hashes) if len(self.hashes) else np.zeros(len(hashes), dtype=bool)
-        return np.where(found, self.df[at] if len(self.hashes) else 0, 0)
+        """How common each of ``hashes`` is (students holding it here or in any item; 0 for none)."""
+        if not len(self.hashes):
+            return self._elsewhere(hashes)
+        at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
+        return np.maximum(np.where(self.hashes[at] == hashes, self.df[at], 0), self._elsewhere(hashes))
 
     def _pairs(self, size: int, rows: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(a, b, weight)`` for every two students ``a < b``, ``a`` in ``rows``, sharing a
         fingerprint held by exactly ``size`` students."""
-        groups = np.flatnonzero(self.df == size)
+        groups = np.flatnonzero((self.holders == size) & (self.weights > 0))
         starts = np.searchsorted(self._group, groups)
         members = self._owners[starts[:, None] + np.arange(size)]  # (groups, size), ascending
         i, j = np.triu_indices(size, 1)
@@ -177,7 +202,7 @@ class ItemIndex:
     def similar_pairs(self, floor: float, block_bytes: int = 64 * 2**20) -> list[Pair]:
         """Every pair of students whose similarity is at least ``floor`` (> 0)."""
         n = len(self.students)
-        sizes = [int(s) for s in np.unique(self.df) if 2 <= s <= self.common]
+        sizes = [int(s) for s in np.unique(self.holders[self.weights > 0]) if s >= 2]
         rows = max(1, block_bytes // (8 * max(n, 1)))
         found = []
         for r0 in range(0, n, rows):
@@ -200,7 +225,7 @@ class ItemIndex:
             return []
         ref = np.unique(self.reference.hashes)
         ref_size = int(np.sum(self.weight(self.df_of(ref)) > 0))
-        entries = np.isin(self.hashes[self._group], ref)
+        entries = within(self.hashes[self._group], ref)
         shared = np.bincount(self._owners[entries], weights=self.weights[self._group[entries]],
                              minlength=len(self.students))
         similarity = shared / np.maximum(np.minimum(self.sizes, ref_size), self.settings.min_prints)
@@ -230,8 +255,8 @@ class ItemIndex:
         common = common[self.weight(self.df_of(common)) > 0]
         masks = []
         for prints, words in ((pa, wa), (pb, wb)):
-            shared = self._spread(prints.positions[np.isin(prints.hashes, common)], len(words))
-            released = self._spread(np.flatnonzero(np.isin(kgram_hashes(words, self.settings.k), self.template)),
+            shared = self._spread(prints.positions[within(prints.hashes, common)], len(words))
+            released = self._spread(np.flatnonzero(within(kgram_hashes(words, self.settings.k), self.template)),
                                     len(words))
             masks.append(shared & ~released)
         return masks[0], masks[1]
@@ -247,6 +272,15 @@ class ItemIndex:
                             sum(1 for i in np.flatnonzero(mb) if wb[i] not in _STRUCTURE))
         pair.flagged = pair.evidence >= self.settings.min_tokens
         return pair
+
+
+def class_frequency(prints: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """``prints[s]``: student s's fingerprints in each item; returns every fingerprint (sorted)
+    and how many students hold it in any item."""
+    held = [np.unique(np.concatenate(p)) for p in prints if p]
+    if not held:
+        return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+    return np.unique(np.concatenate(held), return_counts=True)
 
 
 def clusters(pairs: list[Pair]) -> list[list[str]]:

@@ -16,20 +16,19 @@ from __future__ import annotations
 import html
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..course import Course, CourseError
 from ..doors.intake import shown
 from ..doors.outbound import CSP_META, sanitize, write_csv
+from .similarity import DEFAULT_THRESHOLD, ClassAnswers, ItemResult, compare_class, read_class
 from .similarity_index import REFERENCE
 from .similarity_tokens import MAX_CHARS, Tokens
 
-if TYPE_CHECKING:
-    from .similarity import ClassAnswers, ItemResult
 
-__all__ = ["COLUMNS", "csv_rows", "write_similarity_csv", "summary_lines", "render_page", "write_similarity_html",
-           "MAX_PANELS"]
+__all__ = ["similarity_report", "COLUMNS", "csv_rows", "write_similarity_csv", "summary_lines", "render_page",
+           "write_similarity_html", "MAX_PANELS"]
 
 COLUMNS = ["item", "student_a", "student_b", "similarity", "flagged"]
 MAX_PANELS = 100  # pairs and groups shown on the page per item; the CSV has them all
@@ -58,6 +57,7 @@ def summary_lines(answers: ClassAnswers, results: list[ItemResult], threshold: f
     lines = [f"{answers.assignment}: {len(answers.students)} students read, threshold {threshold:g}"]
     for student, why in sorted(answers.unread.items()):
         lines.append(f"  left out {shown(student, 80)}: {shown(why, 300)}")
+    lines += [f"  left out {shown(why, 300)}" for why in answers.refused]
     for r in results:
         flagged = [p for p in r.pairs if p.flagged]
         if not flagged:
@@ -181,7 +181,8 @@ def render_page(answers: ClassAnswers, results: list[ItemResult], threshold: flo
         link = f'<a href="#item-{_e(r.item)}">{_e(r.item)}</a>' if flagged else _e(r.item)
         rows.append(f"<tr><td>{link}</td><td>{'code' if r.kind == 'code' else 'written'}</td><td>{r.answered}</td>"
                     f"<td>{flagged}</td><td>{len(r.clusters)}</td></tr>")
-    unread = "".join(f"<li>{_e(s)}: {_visible(why)}</li>" for s, why in sorted(answers.unread.items()))
+    unread = "".join(f"<li>{_e(s)}: {_visible(why)}</li>" for s, why in sorted(answers.unread.items())) + \
+        "".join(f"<li>{_visible(why)}</li>" for why in answers.refused)
     body = (f"<h1>Similarity of {_e(answers.assignment)}</h1>"
             f"<p>{len(answers.students)} students read; pairs flagged at similarity {threshold:g} or more. "
             "Similarity is the part of the shorter answer that the other one also has, counting only what is "
@@ -202,3 +203,20 @@ def write_similarity_html(folder: Path, answers: ClassAnswers, results: list[Ite
     page = folder / "index.html"
     page.write_text(render_page(answers, results, threshold), encoding="utf-8")
     return page
+
+
+def similarity_report(course: Course, assignment: str, threshold: float = DEFAULT_THRESHOLD,
+                      csv_path: Path | None = None, html_folder: Path | None = None,
+                      jobs: int | None = None) -> tuple[list[str], Path, Path]:
+    """``workbook similarity``: the class read, compared, and written as the CSV and the page
+    (default: ``grading/similarity/<assignment>/similarity.csv`` and ``index.html``); returns
+    the terminal's summary lines and the two paths."""
+    if not 0 < threshold <= 1:
+        raise CourseError(f"the threshold is a similarity between 0 and 1, not {threshold:g}")
+    answers = read_class(course, assignment, jobs=jobs)
+    results = compare_class(answers, threshold)
+    folder = course.grading_dir / "similarity" / assignment
+    csv_path = csv_path or folder / "similarity.csv"
+    write_similarity_csv(csv_path, results)
+    page = write_similarity_html(html_folder or folder, answers, results, threshold)
+    return summary_lines(answers, results, threshold), csv_path, page

@@ -98,45 +98,34 @@ def _assigned_attributes(raw: list[tokenize.TokenInfo]) -> set[str]:
     return names
 
 
+_FSTRING_START = getattr(tokenize, "FSTRING_START", -1)  # Python 3.12+ splits an f-string into parts
+_FSTRING_END = getattr(tokenize, "FSTRING_END", -1)
+_SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER,
+            getattr(tokenize, "FSTRING_MIDDLE", -1)}
+_NAME, _NUMBER, _STRING, _NEWLINE = tokenize.NAME, tokenize.NUMBER, tokenize.STRING, tokenize.NEWLINE
+_INDENT, _DEDENT = tokenize.INDENT, tokenize.DEDENT
+
+
 def _python_statements(source: str) -> list[_Statement]:
     """Statements as ``tokenize`` reads them; raises on code it cannot read."""
     raw = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    starts = _offsets(source)
+    starts = _offsets(source) + [len(source)]
     chosen = _assigned_attributes(raw)
     statements: list[_Statement] = []
     current: list[tuple[str, int, int]] = []
-    depth, in_fstring, prev_kind = 0, 0, None
-    fstring_types = {getattr(tokenize, n, -1) for n in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END")}
-    prev = ""
-    for tok in raw:
-        kind, text = tok.type, tok.string
-        a = starts[tok.start[0] - 1] + tok.start[1] if tok.start[0] - 1 < len(starts) else len(source)
-        b = starts[tok.end[0] - 1] + tok.end[1] if tok.end[0] - 1 < len(starts) else len(source)
-        if kind == getattr(tokenize, "FSTRING_START", -1):
-            in_fstring += 1
-            if in_fstring == 1:
-                current.append(("S", a, b))
-            continue
-        if in_fstring:  # Python 3.12+ splits an f-string into parts: one S for all of it
-            if kind == getattr(tokenize, "FSTRING_END", -1):
+    depth, in_fstring, prev, prev_kind = 0, 0, "", -1
+    for kind, text, (row, col), (end_row, end_col), _ in raw:
+        a, b = starts[row - 1] + col, starts[end_row - 1] + end_col
+        if kind == _FSTRING_START or in_fstring:  # one S for all of an f-string
+            if kind == _FSTRING_START:
+                in_fstring += 1
+                if in_fstring == 1:
+                    current.append(("S", a, b))
+            elif kind == _FSTRING_END:
                 in_fstring -= 1
-            if current and current[-1][0] == "S":
-                current[-1] = ("S", current[-1][1], b)
+            current[-1] = ("S", current[-1][1], b)
             continue
-        if kind in fstring_types:
-            continue
-        if kind == tokenize.INDENT:
-            depth += 1
-        elif kind == tokenize.DEDENT:
-            depth -= 1
-        elif kind == tokenize.NEWLINE:
-            if current and not all(w == "S" for w, _, _ in current):  # a docstring or a bare string: dropped
-                compound = current[0][0] in _COMPOUND or prev == ":"
-                statements.append((depth, compound, current))
-            current = []
-        elif kind in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER):
-            pass
-        elif kind == tokenize.NAME:
+        if kind == _NAME:
             if text in _KEYWORDS or text in ("match", "case") and not current:
                 word = text
             elif prev == "." and text not in chosen:
@@ -144,18 +133,27 @@ def _python_statements(source: str) -> list[_Statement]:
             else:
                 word = "V"
             current.append((word, a, b))
-        elif kind == tokenize.NUMBER:
+        elif kind == _NUMBER:
             current.append(("N", a, b))
-        elif kind == tokenize.STRING:
-            if current and current[-1][0] == "S" and prev_kind == tokenize.STRING:
+        elif kind == _STRING:
+            if prev_kind == _STRING and current and current[-1][0] == "S":
                 current[-1] = ("S", current[-1][1], b)  # "a" "b" is one string
             else:
                 current.append(("S", a, b))
+        elif kind == _NEWLINE:
+            if current and not all(w == "S" for w, _, _ in current):  # a docstring or a bare string: dropped
+                statements.append((depth, current[0][0] in _COMPOUND or prev == ":", current))
+            current = []
+        elif kind == _INDENT:
+            depth += 1
+        elif kind == _DEDENT:
+            depth -= 1
+        elif kind in _SKIPPED:
+            continue
         elif text.strip():
             current.append((text, a, b))
-        if kind not in (tokenize.COMMENT, tokenize.NL):
-            prev = text if kind != tokenize.NEWLINE else ""
-            prev_kind = kind
+        prev = text if kind != _NEWLINE else ""
+        prev_kind = kind
     if current:
         statements.append((depth, current[0][0] in _COMPOUND, current))
     return statements

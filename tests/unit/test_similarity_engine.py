@@ -221,3 +221,22 @@ def test_an_empty_class_and_empty_answers():
     assert index.similar_pairs(0.1) == [] and index.reference_pairs(0.1) == []
     assert len(fingerprints([], CODE).hashes) == 0
     assert isinstance(fingerprints(["a"] * 3, CODE), Fingerprints)
+
+
+def test_what_the_class_wrote_alike_in_another_item_is_no_evidence_here():
+    """Two students share lines here that most of the class wrote in another item: with the
+    assignment's frequencies they are no evidence, without them they are."""
+    from autograder.reports.similarity_index import class_frequency
+
+    canonical = words(ORIGINAL)
+    here = {"a": canonical, "b": canonical}
+    elsewhere = [[fingerprints(canonical, CODE).hashes] for _ in range(30)]  # 30 students, another item
+    alone = _index(here)
+    assert alone.judge(alone.similar_pairs(0.25)[0], 0.5).flagged
+    students = sorted(here)
+    common = ItemIndex(students, [fingerprints(here[s], CODE) for s in students], here.__getitem__, CODE,
+                       frequency=class_frequency(elsewhere + [[fingerprints(canonical, CODE).hashes]] * 2))
+    assert common.similar_pairs(0.01) == []
+    hashes, counts = class_frequency([[np.array([3, 1], dtype=np.uint64), np.array([1], dtype=np.uint64)],
+                                      [np.array([1, 2], dtype=np.uint64)], []])
+    assert hashes.tolist() == [1, 2, 3] and counts.tolist() == [2, 1, 1]
