@@ -63,7 +63,8 @@ def summary_lines(answers: ClassAnswers, results: list[ItemResult], threshold: f
         if not flagged:
             continue
         grouped = _in_cluster(r)
-        lines.append(f"  {shown(r.item, 80)} ({r.kind}, {r.answered} answers): {len(flagged)} flagged pairs")
+        lines.append(f"  {shown(r.item, 80)} ({r.kind}, {r.answered} answers): {len(flagged)} flagged "
+                     + ("pair" if len(flagged) == 1 else "pairs"))
         for group in r.clusters:
             lines.append("    group of " + ", ".join(shown(_named(w), 80) for w in group))
         for p in flagged:

@@ -5,6 +5,7 @@ direct computation, and groups."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,7 +211,8 @@ def test_fingerprints_are_the_same_in_every_process():
     import sys
     code = ("from autograder.reports.similarity_index import kgram_hashes; "
             "print(kgram_hashes(list('abcdefghijkl'), 8).tolist())")
-    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+    root = Path(__file__).resolve().parents[2]
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
                            env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")}
     assert len(runs) == 1
     assert runs.pop().strip() == str(kgram_hashes(list("abcdefghijkl"), 8).tolist())
