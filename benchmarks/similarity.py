@@ -116,16 +116,14 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def generate(root: Path, students: int, seed: int = 0) -> dict:
-    """The class, written as submissions of notebook 09 under ``root``; returns what was planted."""
+def class_answers(students: int, seed: int = 0) -> tuple[dict[str, dict[str, str]], dict]:
+    """Every student's answers (student -> grade_id -> source), and what was planted."""
     import nbformat
-    from similarity_class import write_course, write_submission
 
     from course_lib.grading.registry import all_specs
     from autograder.reports.similarity import reference_source
 
-    write_course(root, {}, ASSIGNMENT)
-    released = nbformat.read(str(root / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), as_version=4)
+    released = nbformat.read(str(REPO / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), as_version=4)
     rng = random.Random(seed)
     cells = [c for c in released.cells if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
     idioms = {c.metadata.nbgrader["grade_id"]: _idioms(rng) for c in cells}
@@ -153,14 +151,15 @@ def generate(root: Path, students: int, seed: int = 0) -> dict:
         if reference:
             answers[ids[i + 90]][item] = reference
             planted["references"].append((item, ids[i + 90]))
-    for s in ids:
-        nb = nbformat.from_dict(released)
-        nb = nbformat.reads(nbformat.writes(released), as_version=4)
-        for cell in nb.cells:
-            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-            if gid in answers[s]:
-                cell.source = answers[s][gid]
-        write_submission(root, s, ASSIGNMENT, nb)
+    return answers, planted
+
+
+def generate(root: Path, students: int, seed: int = 0) -> dict:
+    """The class, written as submissions of notebook 09 under ``root``; returns what was planted."""
+    from similarity_class import write_course
+
+    answers, planted = class_answers(students, seed)
+    write_course(root, answers, ASSIGNMENT)
     return planted
 
 

@@ -531,7 +531,6 @@ def write_course(root: Path, students: dict[str, dict[str, str]], assignment: st
     shutil.copy(ROOT / "notebooks" / assignment / f"{assignment}.ipynb", release)
     released = nbformat.read(str(release / f"{assignment}.ipynb"), as_version=4)
     for student, answers in students.items():
-        nb = nbformat.from_dict(released)
         nb = nbformat.reads(nbformat.writes(released), as_version=4)
         for cell in nb.cells:
             gid = cell.metadata.get("nbgrader", {}).get("grade_id")
