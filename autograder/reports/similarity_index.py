@@ -197,29 +197,32 @@ class ItemIndex:
         at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
         return np.maximum(np.where(self.hashes[at] == hashes, self.df[at], 0), self._elsewhere(hashes))
 
-    def _pairs(self, size: int, rows: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(a, b, weight)`` for every two students ``a < b``, ``a`` in ``rows``, sharing a
-        fingerprint held by exactly ``size`` students."""
-        groups = np.flatnonzero((self.holders == size) & (self.weights > 0))
-        starts = np.searchsorted(self._group, groups)
-        members = self._owners[starts[:, None] + np.arange(size)]  # (groups, size), ascending
-        i, j = np.triu_indices(size, 1)
-        a, b = members[:, i].ravel(), members[:, j].ravel()
-        w = np.repeat(self.weights[groups], len(i))
-        keep = (a >= rows[0]) & (a < rows[1])
-        return a[keep], b[keep], w[keep]
+    def _pairs(self, rows: tuple[int, int], limit: int = 1 << 21):
+        """``(a, b, weight)`` arrays, at most about ``limit`` long each, for every two students
+        ``a < b`` (``a`` in ``rows``) and each fingerprint that counts which they both hold:
+        memory stays bounded however many students share a fingerprint."""
+        counted = self.weights > 0
+        for size in (int(s) for s in np.unique(self.holders[counted]) if s >= 2):
+            groups = np.flatnonzero((self.holders == size) & counted)
+            i, j = np.triu_indices(size, 1)
+            step = max(1, limit // len(i))
+            for g in range(0, len(groups), step):
+                chunk = groups[g:g + step]
+                members = self._owners[np.searchsorted(self._group, chunk)[:, None] + np.arange(size)]  # ascending
+                a, b = members[:, i].ravel(), members[:, j].ravel()
+                keep = (a >= rows[0]) & (a < rows[1])
+                yield a[keep], b[keep], np.repeat(self.weights[chunk], len(i))[keep]
 
-    def similar_pairs(self, floor: float, block_bytes: int = 64 * 2**20) -> list[Pair]:
-        """Every pair of students whose similarity is at least ``floor`` (> 0)."""
+    def similar_pairs(self, floor: float, block_bytes: int = 64 * 2**20, pair_limit: int = 1 << 21) -> list[Pair]:
+        """Every pair of students whose similarity is at least ``floor`` (> 0); the shared
+        weights summed in blocks of rows of ``block_bytes``, ``pair_limit`` pairs at a time."""
         n = len(self.students)
-        sizes = [int(s) for s in np.unique(self.holders[self.weights > 0]) if s >= 2]
         rows = max(1, block_bytes // (8 * max(n, 1)))
         found = []
         for r0 in range(0, n, rows):
             r1 = min(n, r0 + rows)
             shared = np.zeros((r1 - r0) * n)
-            for size in sizes:
-                a, b, w = self._pairs(size, (r0, r1))
+            for a, b, w in self._pairs((r0, r1), pair_limit):
                 if len(a):
                     shared += np.bincount((a - r0) * n + b, weights=w, minlength=len(shared))
             shared = shared.reshape(r1 - r0, n)

@@ -158,8 +158,8 @@ def test_pairs_from_the_index_are_what_a_direct_computation_gives():
             assert found.get((students[i], students[j]), 0.0) == pytest.approx(expected if expected >= 0.01 else 0.0)
             checked += bool(shared)
     assert checked > 20
-    # the same in blocks of rows (a large class)
-    blocked = {(p.a, p.b): p.similarity for p in index.similar_pairs(0.01, block_bytes=8 * 40 * 3)}
+    # the same in blocks of rows and of pairs (a large class, a fingerprint many hold)
+    blocked = {(p.a, p.b): p.similarity for p in index.similar_pairs(0.01, block_bytes=8 * 40 * 3, pair_limit=5)}
     assert blocked == pytest.approx(found)
 
 
