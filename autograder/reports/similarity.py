@@ -200,14 +200,14 @@ def read_class(course: Course, assignment: str, students: list[str] | None = Non
     """Every collected submission of ``assignment`` read through the intake door, each graded
     item's answer taken from the solution cell with its ``grade_id`` (the last one, as
     grading takes it, when a student duplicated it) and fingerprinted; ``jobs`` processes
-    (default: one per core) read a share of the students each."""
+    (default: one per core, and one per 50 students at most) read a share of the students each."""
     import multiprocessing
     items = _released_items(course, assignment)
     if not items:
         raise CourseError(f"{assignment} has no released notebook with graded cells in {course.release_dir}")
     students = list(students or course.submitted_students(assignment))
-    jobs = max(1, min(jobs or default_jobs(), len(students) // 50))  # a process is worth it for 50 students
-    if jobs == 1:
+    jobs = min(jobs or min(default_jobs(), len(students) // 50), len(students))  # a process is worth 50 students
+    if jobs <= 1:
         parts = [_read_students(course, assignment, items, students)]
     else:
         fork = "fork" in multiprocessing.get_all_start_methods()  # (then nothing is imported again)

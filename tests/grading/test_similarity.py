@@ -122,6 +122,15 @@ def test_short_answers_are_never_flagged_on_their_own(tmp_path):
     assert max(p.similarity for p in results[CAUSAL].pairs) > 0.3  # alike, and still not flagged
 
 
+def test_reading_in_several_processes_reads_the_same(tmp_path):
+    write_course(tmp_path, the_class())
+    one, two = (read_class(Course(tmp_path), ASSIGNMENT, jobs=jobs) for jobs in (1, 2))
+    assert one.students == two.students and len(one.students) == len(the_class()) and one.unread == two.unread == {}
+    for a, b in zip(one.items, two.items):
+        assert a.name == b.name and a.answers == b.answers and a.answers
+        assert all((a.prints[s].hashes == b.prints[s].hashes).all() for s in a.answers)
+
+
 HOSTILE_CODE = '''
     </pre><script>alert(document.cookie)</script><img src=x onerror=alert(1)>
     s = q @ k.transpose(-2, -1)  # <b>bold</b> =HYPERLINK("http://evil")
