@@ -111,20 +111,18 @@ def test_a_class_that_wrote_the_canonical_five_lines_flags_nobody(tmp_path):
     assert [r for r in found if r["flagged"] == "true"] == []
 
 
-def test_short_answers_are_never_flagged_on_their_own(tmp_path):
+def test_short_answers_are_never_flagged_on_their_own(planted):
     """Even at a threshold that flags nearly everything else, a one-line mask and a two-line
     one are not flagged, though students wrote them alike."""
-    write_course(tmp_path, the_class())
-    results = {r.item: r for r in compare_class(read_class(Course(tmp_path), ASSIGNMENT, jobs=1), threshold=0.05)}
+    results = {r.item: r for r in compare_class(read_class(Course(planted), ASSIGNMENT, jobs=1), threshold=0.05)}
     for item in (CAUSAL, PAD):
         assert results[item].pairs, f"{item}: the class's alike answers are listed"
         assert not [p for p in results[item].pairs if p.flagged], item
     assert max(p.similarity for p in results[CAUSAL].pairs) > 0.3  # alike, and still not flagged
 
 
-def test_reading_in_several_processes_reads_the_same(tmp_path):
-    write_course(tmp_path, the_class())
-    one, two = (read_class(Course(tmp_path), ASSIGNMENT, jobs=jobs) for jobs in (1, 2))
+def test_reading_in_several_processes_reads_the_same(planted):
+    one, two = (read_class(Course(planted), ASSIGNMENT, jobs=jobs) for jobs in (1, 2))
     assert one.students == two.students and len(one.students) == len(the_class()) and one.unread == two.unread == {}
     for a, b in zip(one.items, two.items):
         assert a.name == b.name and a.answers == b.answers and a.answers
