@@ -82,10 +82,11 @@ def _canonical(statements: list[_Statement]) -> tuple[list[str], list[tuple[int,
 
 
 def _offsets(source: str) -> list[int]:
-    """The character offset of each line's start (``tokenize`` gives rows and columns)."""
+    """The character offset of each line's start (``tokenize`` gives rows and columns of the
+    lines ``readline`` gives: split at ``\n`` alone, not at ``\r``, ``\x0c`` or ``\u2028``)."""
     starts = [0]
-    for line in source.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
+    for line in source.split("\n"):
+        starts.append(starts[-1] + len(line) + 1)
     return starts
 
 

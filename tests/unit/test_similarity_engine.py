@@ -82,10 +82,15 @@ def test_code_tokenize_cannot_read_is_read_line_by_line():
             assert broken[start:end] == word
 
 
-def test_every_token_points_at_what_it_came_from():
-    tokens = code_tokens(ORIGINAL)
+@pytest.mark.parametrize("source", [ORIGINAL, ORIGINAL.replace("# key size", "# key\u2028size\x0c\r\x1c")
+                                    .replace('"-inf"', '"-\u2029inf"')])
+def test_every_token_points_at_what_it_came_from(source):
+    """Also where a student's comment or string holds characters other tools take for a
+    line break (the highlighting must mark what was shared, not its neighbour)."""
+    tokens = code_tokens(source)
+    assert len(tokens.words) == len(code_tokens(ORIGINAL).words)
     for word, (start, end) in zip(tokens.words, tokens.spans):
-        text = ORIGINAL[start:end]
+        text = source[start:end]
         if word == "V":
             assert text.isidentifier()
         elif word == "S":
