@@ -16,6 +16,8 @@
     workbook due [ASSIGNMENT [DATE]]          show or set due dates (late work: nbgrader's penalty)
     workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
                                               (--names: show student ids; default: numbered)
+    workbook similarity ASSIGNMENT            which answers look copied, per graded item (offline): a CSV
+                                              and an HTML page (--csv FILE, --html FOLDER, --threshold X)
     workbook formgrader [ASSIGNMENT]          grade the written answers in nbgrader's Formgrader
                                               (JupyterLab options pass through: --port 8899;
                                               --hub: as a JupyterHub service, deploy/jupyterhub)
@@ -160,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="folder (default: grading/class-report)")
     p.add_argument("--names", action="store_true",
                    help="show student ids (default: students are numbered, so the page can be shown to the class)")
+
+    p = sub.add_parser("similarity", help="which answers look copied from each other or from course_lib, per "
+                                          "graded item, offline: a CSV and an HTML page side by side")
+    p.add_argument("assignment")
+    p.add_argument("--csv", help="the CSV to write (default: grading/similarity/ASSIGNMENT/similarity.csv)")
+    p.add_argument("--html", help="the folder of the page, index.html (default: grading/similarity/ASSIGNMENT)")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="similarity (0 to 1) from which a pair is flagged (default 0.5)")
 
     p = sub.add_parser("formgrader", help="grade the written answers in nbgrader's Formgrader (opens JupyterLab; "
                                           "JupyterLab options such as --port or --no-browser pass through)")
@@ -444,6 +454,14 @@ def main(argv: list[str] | None = None) -> int:
             from .reports.class_report import write_class_report
             page = write_class_report(course, args.output, args.assignments or None, names=args.names)
             print(f"class report: {page} (data: report.json and CSV files beside it)")
+            return 0
+        if args.command == "similarity":
+            from .reports.similarity_report import similarity_report
+            course.check_assignments([args.assignment], released=True)
+            lines, csv_path, page = similarity_report(course, args.assignment, args.threshold,
+                                                      Path(args.csv) if args.csv else None,
+                                                      Path(args.html) if args.html else None)
+            print("\n".join(lines) + f"\nCSV: {csv_path}\npage: {page}")
             return 0
         if args.command == "formgrader":
             from .platforms.formgrader import open_formgrader

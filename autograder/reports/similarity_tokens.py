@@ -1,0 +1,231 @@
+"""What a student's answer is to ``workbook similarity``: a sequence of normalised tokens,
+each with the place in the answer it came from (to highlight it later).
+
+- **Code** (:func:`code_tokens`): read with Python's own ``tokenize``; comments, blank lines
+  and docstrings dropped; every name a student chooses becomes ``V`` (variables, parameters,
+  functions, classes, the attributes the cell assigns), every number ``N``, every string
+  ``S``; keywords, operators and the attributes of a library (``.softmax``, ``.transpose``)
+  stay as written. Each run of simple statements in one block (assignments, calls, returns
+  between two compound statements) is put in a canonical order, so independent statements
+  written in another order read the same. Code that ``tokenize`` cannot read (a syntax
+  error, an IPython magic) is read line by line by a plain pattern instead.
+- **Written answers** (:func:`text_tokens`): lower-case words, markdown and punctuation
+  dropped, the sentences in a canonical order.
+
+Only the first :data:`MAX_CHARS` characters of an answer are read (an honest answer is a
+few hundred); the report says when an answer was cut.
+"""
+
+from __future__ import annotations
+
+import io
+import keyword
+import re
+import tokenize
+from dataclasses import dataclass, field
+
+__all__ = ["Tokens", "code_tokens", "text_tokens", "MAX_CHARS"]
+
+MAX_CHARS = 20_000  # characters of one answer read and shown (an honest one has a few hundred)
+
+
+@dataclass
+class Tokens:
+    """Normalised tokens in canonical order (``words``), with each one's ``(start, end)``
+    character span in ``source`` (the answer as read, at most :data:`MAX_CHARS` long)."""
+
+    source: str
+    words: list[str] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    cut: bool = False  # the answer was longer than MAX_CHARS
+
+
+# a statement: its block depth, whether it opens or belongs to a compound statement, its tokens
+_Statement = tuple[int, bool, list[tuple[str, int, int]]]
+
+_COMPOUND = {"if", "elif", "else", "for", "while", "try", "except", "finally", "with", "def", "class", "async", "@",
+             "match", "case"}
+_KEYWORDS = set(keyword.kwlist)
+_AUGMENTED = {"=", "+=", "-=", "*=", "/=", "//=", "%=", "@=", "&=", "|=", "^=", ">>=", "<<=", "**="}
+
+
+def _canonical(statements: list[_Statement]) -> tuple[list[str], list[tuple[int, int]]]:
+    """The statements' tokens with each run of simple statements at one depth sorted, and a
+    ``{``/``}`` where a block opens or closes and ``;`` after each statement."""
+    ordered: list[_Statement] = []
+    run: list[_Statement] = []
+
+    def flush() -> None:
+        ordered.extend(sorted(run, key=lambda s: [t[0] for t in s[2]]))
+        run.clear()
+    for statement in statements:
+        if statement[1] or (run and run[0][0] != statement[0]):
+            flush()
+        (ordered if statement[1] else run).append(statement)
+    flush()
+    words: list[str] = []
+    spans: list[tuple[int, int]] = []
+    depth = 0
+    for level, _, toks in ordered:
+        if not toks:
+            continue
+        start = toks[0][1]
+        words += ["{" if level > depth else "}"] * abs(level - depth)
+        spans += [(start, start)] * abs(level - depth)
+        depth = level
+        for word, a, b in toks:
+            words.append(word)
+            spans.append((a, b))
+        words.append(";")
+        spans.append((toks[-1][2], toks[-1][2]))
+    return words, spans
+
+
+def _offsets(source: str) -> list[int]:
+    """The character offset of each line's start (``tokenize`` gives rows and columns of the
+    lines ``readline`` gives: split at ``\n`` alone, not at ``\r``, ``\x0c`` or ``\u2028``)."""
+    starts = [0]
+    for line in source.split("\n"):
+        starts.append(starts[-1] + len(line) + 1)
+    return starts
+
+
+def _assigned_attributes(raw: list[tokenize.TokenInfo]) -> set[str]:
+    """Attributes the cell assigns (``self.proj = ...``): names the student chose."""
+    names = set()
+    for i in range(1, len(raw) - 1):
+        if raw[i].type == tokenize.NAME and raw[i - 1].string == "." and raw[i + 1].string in _AUGMENTED:
+            names.add(raw[i].string)
+    return names
+
+
+_FSTRING_START = getattr(tokenize, "FSTRING_START", -1)  # Python 3.12+ splits an f-string into parts
+_FSTRING_END = getattr(tokenize, "FSTRING_END", -1)
+_SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER,
+            getattr(tokenize, "FSTRING_MIDDLE", -1)}
+_NAME, _NUMBER, _STRING, _NEWLINE = tokenize.NAME, tokenize.NUMBER, tokenize.STRING, tokenize.NEWLINE
+_INDENT, _DEDENT = tokenize.INDENT, tokenize.DEDENT
+
+
+def _python_statements(source: str) -> list[_Statement]:
+    """Statements as ``tokenize`` reads them; raises on code it cannot read."""
+    raw = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    starts = _offsets(source) + [len(source)]
+    chosen = _assigned_attributes(raw)
+    statements: list[_Statement] = []
+    current: list[tuple[str, int, int]] = []
+    depth, in_fstring, prev, prev_kind = 0, 0, "", -1
+    for kind, text, (row, col), (end_row, end_col), _ in raw:
+        a, b = starts[row - 1] + col, starts[end_row - 1] + end_col
+        if kind == _FSTRING_START or in_fstring:  # one S for all of an f-string
+            if kind == _FSTRING_START:
+                in_fstring += 1
+                if in_fstring == 1:
+                    current.append(("S", a, b))
+            elif kind == _FSTRING_END:
+                in_fstring -= 1
+            current[-1] = ("S", current[-1][1], b)
+            continue
+        if kind == _NAME:
+            if text in _KEYWORDS or text in ("match", "case") and not current:
+                word = text
+            elif prev == "." and text not in chosen:
+                word = text  # a library's attribute: .softmax, .transpose
+            else:
+                word = "V"
+            current.append((word, a, b))
+        elif kind == _NUMBER:
+            current.append(("N", a, b))
+        elif kind == _STRING:
+            if prev_kind == _STRING and current and current[-1][0] == "S":
+                current[-1] = ("S", current[-1][1], b)  # "a" "b" is one string
+            else:
+                current.append(("S", a, b))
+        elif kind == _NEWLINE:
+            if current and not all(w == "S" for w, _, _ in current):  # a docstring or a bare string: dropped
+                statements.append((depth, current[0][0] in _COMPOUND or prev == ":", current))
+            current = []
+        elif kind == _INDENT:
+            depth += 1
+        elif kind == _DEDENT:
+            depth -= 1
+        elif kind in _SKIPPED:
+            continue
+        elif text.strip():
+            current.append((text, a, b))
+        prev = text if kind != _NEWLINE else ""
+        prev_kind = kind
+    if current:
+        statements.append((depth, current[0][0] in _COMPOUND, current))
+    return statements
+
+
+_PLAIN = re.compile(r"""(?P<comment>\#[^\n]*)|(?P<string>[rRbBuUfF]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'[^'\n]*'|"[^"\n]*"))
+                       |(?P<number>\d[\w.]*)|(?P<name>[^\W\d]\w*)|(?P<newline>\n)
+                       |(?P<op>\*\*=?|//=?|>>=?|<<=?|[-+*/%@&|^=<>!:]=|->|:=|\S)""", re.X)
+
+
+def _plain_statements(source: str) -> list[_Statement]:
+    """Statements of code ``tokenize`` cannot read: one a line, its depth from its indentation."""
+    statements: list[_Statement] = []
+    current: list[tuple[str, int, int]] = []
+    widths = [0]  # the indentation of each open block
+    line_start, prev = 0, ""
+
+    def end_line(compound: bool) -> None:
+        width = len(source[line_start:current[0][1]].expandtabs(4))
+        while width < widths[-1]:
+            widths.pop()
+        if width > widths[-1]:
+            widths.append(width)
+        statements.append((len(widths) - 1, compound, list(current)))
+    for m in _PLAIN.finditer(source):
+        kind, text, a, b = m.lastgroup, m.group(), m.start(), m.end()
+        if kind == "newline":
+            if current:
+                end_line(current[0][0] in _COMPOUND or prev == ":")
+            current, line_start, prev = [], b, ""
+            continue
+        if kind == "comment":
+            continue
+        if kind == "name":
+            word = text if text in _KEYWORDS or prev == "." else "V"
+        else:
+            word = {"string": "S", "number": "N"}.get(kind, text)
+        current.append((word, a, b))
+        prev = text
+    if current:
+        end_line(current[0][0] in _COMPOUND)
+    return statements
+
+
+def code_tokens(source: str) -> Tokens:
+    """A code answer's normalised tokens (see the module's description)."""
+    cut = len(source) > MAX_CHARS
+    source = source[:MAX_CHARS]
+    try:
+        statements = _python_statements(source)
+    except (tokenize.TokenError, SyntaxError, ValueError):  # IndentationError is a SyntaxError
+        statements = _plain_statements(source)
+    words, spans = _canonical(statements)
+    return Tokens(source, words, spans, cut)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n\s*\n|\n(?=\s*(?:[-*+]|\d+\.)\s)")
+_WORD = re.compile(r"[^\W_]+(?:_[^\W_]+)*")
+
+
+def text_tokens(source: str) -> Tokens:
+    """A written answer's words, lower-case, its sentences in canonical order."""
+    cut = len(source) > MAX_CHARS
+    source = source[:MAX_CHARS]
+    statements: list[_Statement] = []
+    start = 0
+    for end in [m.start() for m in _SENTENCE_END.finditer(source)] + [len(source)]:
+        words = [(m.group().lower(), start + m.start(), start + m.end()) for m in _WORD.finditer(source[start:end])]
+        if words:
+            statements.append((0, False, words))
+        start = end
+    words, spans = _canonical(statements)
+    keep = [i for i, w in enumerate(words) if w != ";"]  # a sentence is no token of its own
+    return Tokens(source, [words[i] for i in keep], [spans[i] for i in keep], cut)
