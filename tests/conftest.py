@@ -40,13 +40,19 @@ def pytest_collection_modifyitems(config, items):
     process of its own (tests/graded_class.py), while the others run. With pytest-xdist's
     ``--dist loadfile`` both workers collect the same order; the first to get here starts the
     one builder."""
+    import python_envs
     from graded_class import SHARED, start
 
+    shared = Path(os.environ[SHARED])
     needing = [item for item in items if "graded_class" in getattr(item, "fixturenames", ())]
-    if not needing:
-        return
-    items[:] = [item for item in items if item not in set(needing)] + needing
-    start(Path(os.environ[SHARED]), sorted({Path(str(item.fspath)) for item in needing}))
+    # the other Pythons' environments (tests/python_envs.py) are made meanwhile too, and waited for last
+    pythons = [item for item in items if Path(str(item.fspath)).name.startswith("test_python_")
+               and item not in set(needing)]
+    if pythons and not config.option.collectonly:
+        python_envs.start(shared)
+    items[:] = [item for item in items if item not in set(needing) | set(pythons)] + needing + pythons
+    if needing and not config.option.collectonly:
+        start(shared, sorted({Path(str(item.fspath)) for item in needing}))
 
 
 def pytest_sessionfinish(session):
@@ -93,11 +99,13 @@ def pytest_unconfigure(config):
         return
     import json
     import shutil
+    import python_envs
     from graded_class import SHARED, stop
     shared = Path(os.environ.get(SHARED, ""))
     if not os.environ.get(SHARED) or not shared.is_dir():
         return
     stop(shared)
+    python_envs.stop(shared)
     if (shared / "state.json").exists():
         shutil.rmtree(json.loads((shared / "state.json").read_text())["root"], ignore_errors=True)
     shutil.rmtree(shared, ignore_errors=True)
