@@ -999,7 +999,8 @@ def _public_answers(item: str) -> str:
     import zlib
 
     import torch
-    from course_lib.grading.calls import Call, perform
+    from course_lib.grading.calls import Call
+    from course_lib.grading.perform import perform
     from course_lib.grading.runner import plan_item
     from course_lib.grading.wire import decode
     spec = get_spec(item)

@@ -366,7 +366,7 @@ def _memorised(spec, calls, constant: bool = False):
     first of them to anything else (a plausible answer of the right kind, and wrong); with
     ``constant``, the first answer to everything. None when no call has an answer a table
     could hold."""
-    from course_lib.grading.calls import perform
+    from course_lib.grading.perform import perform
     table = []
     for call in calls:
         answer = perform(spec, spec.reference, call, watch=False)

@@ -165,11 +165,22 @@ BLEU_MISTAKES = (
 )
 
 
-def _bleu_corpus(seed: int, n_sent: int, short: bool = False, repeat: bool = False) -> tuple[list, list]:
+def _bleu_corpus(seed: int, n_sent: int, short: bool = False, repeat: bool = False,
+                 distinct: bool = False) -> tuple[list, list]:
+    """A random corpus; with ``distinct`` no word twice in a sentence, so that no n-gram count
+    needs clipping (the visible check leaves clipping to the hidden one)."""
     rng = random.Random(salted_seed(seed))
-    words = "a b c d e f".split()
+    words = "a b c d e f".split() if not distinct else "a b c d e f g h i j k l m n o p".split()
     cands, refs = [], []
     for _ in range(n_sent):
+        if distinct:
+            ref_ = rng.sample(words, rng.randint(7, 11))
+            spare = [w for w in words if w not in ref_]
+            rng.shuffle(spare)
+            cand = [w if rng.random() < 0.85 or not spare else spare.pop() for w in ref_]
+            refs.append(ref_)
+            cands.append(cand)
+            continue
         ref_ = [rng.choice(words) for _ in range(rng.randint(5, 10))]
         cand = [w if rng.random() < 0.75 else rng.choice(words) for w in ref_]
         if short:
@@ -189,11 +200,11 @@ def _bleu_case(label: str, cands: list, refs: list, max_n: int = 4) -> Case:
 
 
 def _bleu_random_case(label: str, seed: int, n_sent: int, short: bool = False, repeat: bool = False,
-                      max_n: int = 4) -> Case:
+                      max_n: int = 4, distinct: bool = False) -> Case:
     """A random corpus drawn when the case is made (so that it follows the grading salt)."""
 
     def make(device) -> dict:
-        cands, refs = _bleu_corpus(seed, n_sent, short=short, repeat=repeat)
+        cands, refs = _bleu_corpus(seed, n_sent, short=short, repeat=repeat, distinct=distinct)
         return {"candidates": cands, "references": refs, "max_n": max_n}
 
     return Case(label, make)
@@ -227,7 +238,7 @@ def _bleu_spec() -> ItemSpec:
             SubCheck("the two-sentence example of the notebook, and a fresh corpus", 1,
                      compare_cases(_bleu_case("the notebook's example (2 sentences, the second one word short)",
                                               HAND_CANDS, HAND_REFS),
-                                   _bleu_random_case("a random corpus of 3 sentences", 940, 3))),
+                                   _bleu_random_case("a random corpus of 3 sentences", 940, 3, distinct=True))),
             SubCheck("1 for a perfect match, 0 without a common 4-gram (also on a fresh sentence)", 1, _bleu_range),
             SubCheck("random corpora: longer candidates, repeated words (clipping), short candidates (brevity), "
                      "max_n=2", 1,
