@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 __all__ = ["get_device", "describe_device", "seed_everything", "grading_mode", "full_or_quick", "torch_threads", "threads_for",
-           "SMALL_MODEL_PARAMETERS"]
+           "SMALL_MODEL_PARAMETERS", "full_precision"]
 
 T = TypeVar("T")
 
@@ -137,3 +137,63 @@ def threads_for(model: nn.Module) -> int | None:
     if first is None or first.device.type != "cpu":
         return None
     return 1 if sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS else None
+
+
+# PyTorch >= 2.9 keeps its TF32 settings as a tree of ``fp32_precision`` values (parents first:
+# setting a parent also sets the children that follow it). Always readable, unlike the legacy
+# ``allow_tf32`` flags, which raise once the two APIs have been mixed.
+_FP32_PRECISION_PATHS = ("", "cuda", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn",
+                         "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def _backend(path: str) -> object | None:
+    node: object | None = torch.backends
+    for part in filter(None, path.split(".")):
+        node = getattr(node, part, None)
+    return node if node is not None and hasattr(node, "fp32_precision") else None
+
+
+def _precision_settings() -> tuple:
+    """What :func:`full_precision` changes, to put back afterwards: the matmul precision, the
+    legacy flags (None where mixing the APIs made them unreadable) and the ``fp32_precision``
+    values (None before PyTorch 2.9)."""
+    try:
+        legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    except RuntimeError:  # PyTorch refuses to read them after a mix of the two APIs
+        legacy = None
+    tree = {path: node.fp32_precision for path in _FP32_PRECISION_PATHS if (node := _backend(path)) is not None}
+    return torch.get_float32_matmul_precision(), legacy, tree or None
+
+
+def _restore_precision(settings: tuple) -> None:
+    matmul, legacy, tree = settings
+    torch.set_float32_matmul_precision(matmul)
+    if legacy is not None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = legacy
+    for path, value in (tree or {}).items():
+        _backend(path).fp32_precision = value
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """Run the block with float32 computed in float32 (IEEE), then restore the settings before.
+
+    On NVIDIA GPUs since Ampere, PyTorch may compute float32 matrix products, convolutions
+    and RNNs in TF32 (a 10-bit mantissa): cuDNN's convolutions and RNNs do by default, about
+    1e-3 off a float64 result where a float32 computation is about 1e-7 off. Checks compare a
+    student's float32 answer with a reference at float32's tolerance (1e-5), so both are
+    computed in this block, on the CPU (where it changes nothing by default) as on a GPU: the
+    same answers, the same grades. It sets ``torch.backends.cuda.matmul.allow_tf32 = False``,
+    ``torch.backends.cudnn.allow_tf32 = False`` and
+    ``torch.set_float32_matmul_precision("highest")``; the settings are read back through
+    PyTorch's ``fp32_precision`` values where it has them, which stay readable when code
+    mixed the two APIs.
+    """
+    settings = _precision_settings()
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        _restore_precision(settings)
