@@ -12,12 +12,18 @@ import torch
 from torch import nn
 
 __all__ = ["get_device", "describe_device", "seed_everything", "grading_mode", "full_or_quick", "torch_threads", "threads_for",
-           "SMALL_MODEL_PARAMETERS", "full_precision"]
+           "SMALL_MODEL_PARAMETERS", "full_precision", "training_device", "GPU_MIN_PARAMETERS"]
 
 T = TypeVar("T")
 
 # Below this many parameters a model runs fastest on one CPU thread (see threads_for).
 SMALL_MODEL_PARAMETERS = 1_000_000
+
+# Below this many parameters a model trains on the CPU even where CUDA is available (see
+# training_device). PROVISIONAL until measured on a GPU: on an NVIDIA H200 every notebook (models
+# of 13 to 175 thousand parameters) ran as slow as or slower than on an idle 2-core CPU
+# (docs/gpu.md); where the GPU starts to win has not been measured (benchmarks/gpu_check.sh).
+GPU_MIN_PARAMETERS = 1_000_000
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -39,6 +45,27 @@ def get_device(prefer: str | None = None) -> torch.device:
         return torch.device("cuda")
     if _mps_available():
         return torch.device("mps")
+    return torch.device("cpu")
+
+
+def training_device(model: nn.Module, prefer: str | None = None) -> torch.device:
+    """The device to train ``model`` on: :func:`get_device`'s, except that a model of fewer than
+    :data:`GPU_MIN_PARAMETERS` parameters trains on the CPU where the best device is CUDA.
+
+    Such a model's step is hundreds of tiny kernel launches and host syncs: a GPU waits on them
+    and is slower than two CPU cores (docs/gpu.md). When the rule moves a model off the GPU it
+    says so once, in the calling cell's output. ``prefer`` or ``WORKBOOK_DEVICE`` (e.g.
+    ``WORKBOOK_DEVICE=cuda``) overrides the rule, as it overrides :func:`get_device`. On a
+    machine without CUDA this is :func:`get_device` (Apple's MPS is not measured yet: kept).
+    """
+    if prefer or os.environ.get("WORKBOOK_DEVICE"):
+        return get_device(prefer)
+    best = get_device()
+    size = sum(p.numel() for p in model.parameters())
+    if best.type != "cuda" or size >= GPU_MIN_PARAMETERS:
+        return best
+    print(f"This model is small ({size:,} parameters): it trains on the CPU, faster than on "
+          f"{torch.cuda.get_device_name(best)}; set WORKBOOK_DEVICE=cuda to override.")
     return torch.device("cpu")
 
 
