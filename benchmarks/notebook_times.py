@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/notebook_times.py [NOTEBOOK ...] [--grading] [--threads N] [--cells K]
                                                   [--json OUT] [--compare BEFORE] [--attention fast|explicit]
-                                                  [--salt N] [--optimizer fused|plain]
+                                                  [--salt N] [--optimizer fused|plain] [--device cpu|cuda]
     .venv/bin/python benchmarks/notebook_times.py --spread RUN.json ...
 
 Every notebook promises a student a run of at most a minute on an idle 2-core laptop CPU
@@ -37,6 +37,10 @@ costs printed beside them: operations, positions, bytes).
 
       benchmarks/notebook_times.py --attention explicit --json before.json
       benchmarks/notebook_times.py --attention fast --compare before.json
+
+- ``--device cpu|cuda`` makes every kernel use that device (``WORKBOOK_DEVICE``, which
+  ``course_lib.device.get_device`` and ``training_device`` obey); the run prints the device, and
+  the GPU's name (docs/gpu.md). ``cuda`` is refused where PyTorch sees no GPU.
 
 Run it on an otherwise idle machine.
 """
@@ -429,6 +433,21 @@ def print_spread(files: list[str]) -> None:
             print(f"  time: {label:<60} " + " ".join(verdicts))
 
 
+def describe_run_device(choice: str | None) -> str | None:
+    """The device the kernels will use, in words (``"cuda (NVIDIA H200)"``), or None when
+    ``choice`` is ``"cuda"`` and PyTorch sees no GPU."""
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        return None
+    if choice == "cpu":
+        return "cpu"
+    if choice == "cuda" or torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)}, PyTorch {torch.__version__})" + (
+            "" if choice else ", each notebook's own choice")
+    return "cpu" if choice else "each notebook's own choice (no CUDA here)"
+
+
 def _before(entry) -> float | None:
     """Wall seconds of a ``--json`` entry (this version's dict or an older file's number)."""
     if isinstance(entry, dict):
@@ -450,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="mix this number into every seed the notebooks set (0: the notebooks as written)")
     parser.add_argument("--optimizer", choices=("fused", "plain"),
                         help="every Adam/AdamW fused, or every one plain (default: as the code asks)")
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        help="the device every kernel uses (WORKBOOK_DEVICE); default: each notebook's own choice")
     parser.add_argument("--spread", nargs="+", metavar="JSON",
                         help="files written by --json: print each claim's lowest and highest value over them")
     args = parser.parse_args(argv)
@@ -458,6 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
+    device = describe_run_device(args.device)
+    if device is None:
+        parser.error("--device cuda: PyTorch sees no CUDA device here")
+    if args.device:
+        os.environ["WORKBOOK_DEVICE"] = args.device
+    print(f"device: {device}", flush=True)
     startup = [_STARTUP.format(explicit=args.attention == "explicit")] if args.attention else []
     startup += [_SALT.format(salt=args.salt)] if args.salt else []
     startup += [_OPTIMIZER.format(fused=args.optimizer == "fused")] if args.optimizer else []
@@ -483,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[name] = run_notebook(REPO / "solutions" / name / f"{name}.ipynb", grading=args.grading)
         runs[name]["quality"] = quality(name, runs[name]["printed"])
 
-    mode = ("grading mode" if args.grading else "full run") + (f", {args.threads} threads" if args.threads else "") \
+    mode = ("grading mode" if args.grading else "full run") + f", {device}" + (f", {args.threads} threads" if args.threads else "") \
         + (f", {args.attention} attention" if args.attention else "") + (f", salt {args.salt}" if args.salt else "") \
         + (f", {args.optimizer} optimizer" if args.optimizer else "")
     print(f"\nnotebook times ({mode}, {len(names)} notebooks; wall and kernel CPU seconds)")

@@ -12,12 +12,18 @@ import torch
 from torch import nn
 
 __all__ = ["get_device", "describe_device", "seed_everything", "grading_mode", "full_or_quick", "torch_threads", "threads_for",
-           "SMALL_MODEL_PARAMETERS"]
+           "SMALL_MODEL_PARAMETERS", "full_precision", "training_device", "GPU_MIN_PARAMETERS"]
 
 T = TypeVar("T")
 
 # Below this many parameters a model runs fastest on one CPU thread (see threads_for).
 SMALL_MODEL_PARAMETERS = 1_000_000
+
+# Below this many parameters a model trains on the CPU even where CUDA is available (see
+# training_device). PROVISIONAL until measured on a GPU: on an NVIDIA H200 every notebook (models
+# of 13 to 175 thousand parameters) ran as slow as or slower than on an idle 2-core CPU
+# (docs/gpu.md); where the GPU starts to win has not been measured (benchmarks/gpu_check.sh).
+GPU_MIN_PARAMETERS = 1_000_000
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -39,6 +45,27 @@ def get_device(prefer: str | None = None) -> torch.device:
         return torch.device("cuda")
     if _mps_available():
         return torch.device("mps")
+    return torch.device("cpu")
+
+
+def training_device(model: nn.Module, prefer: str | None = None) -> torch.device:
+    """The device to train ``model`` on: :func:`get_device`'s, except that a model of fewer than
+    :data:`GPU_MIN_PARAMETERS` parameters trains on the CPU where the best device is CUDA.
+
+    Such a model's step is hundreds of tiny kernel launches and host syncs: a GPU waits on them
+    and is slower than two CPU cores (docs/gpu.md). When the rule moves a model off the GPU it
+    says so once, in the calling cell's output. ``prefer`` or ``WORKBOOK_DEVICE`` (e.g.
+    ``WORKBOOK_DEVICE=cuda``) overrides the rule, as it overrides :func:`get_device`. On a
+    machine without CUDA this is :func:`get_device` (Apple's MPS is not measured yet: kept).
+    """
+    if prefer or os.environ.get("WORKBOOK_DEVICE"):
+        return get_device(prefer)
+    best = get_device()
+    size = sum(p.numel() for p in model.parameters())
+    if best.type != "cuda" or size >= GPU_MIN_PARAMETERS:
+        return best
+    print(f"This model is small ({size:,} parameters): it trains on the CPU, faster than on "
+          f"{torch.cuda.get_device_name(best)}; set WORKBOOK_DEVICE=cuda to override.")
     return torch.device("cpu")
 
 
@@ -137,3 +164,63 @@ def threads_for(model: nn.Module) -> int | None:
     if first is None or first.device.type != "cpu":
         return None
     return 1 if sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMETERS else None
+
+
+# PyTorch >= 2.9 keeps its TF32 settings as a tree of ``fp32_precision`` values (parents first:
+# setting a parent also sets the children that follow it). Always readable, unlike the legacy
+# ``allow_tf32`` flags, which raise once the two APIs have been mixed.
+_FP32_PRECISION_PATHS = ("", "cuda", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn",
+                         "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def _backend(path: str) -> object | None:
+    node: object | None = torch.backends
+    for part in filter(None, path.split(".")):
+        node = getattr(node, part, None)
+    return node if node is not None and hasattr(node, "fp32_precision") else None
+
+
+def _precision_settings() -> tuple:
+    """What :func:`full_precision` changes, to put back afterwards: the matmul precision, the
+    legacy flags (None where mixing the APIs made them unreadable) and the ``fp32_precision``
+    values (None before PyTorch 2.9)."""
+    try:
+        legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    except RuntimeError:  # PyTorch refuses to read them after a mix of the two APIs
+        legacy = None
+    tree = {path: node.fp32_precision for path in _FP32_PRECISION_PATHS if (node := _backend(path)) is not None}
+    return torch.get_float32_matmul_precision(), legacy, tree or None
+
+
+def _restore_precision(settings: tuple) -> None:
+    matmul, legacy, tree = settings
+    torch.set_float32_matmul_precision(matmul)
+    if legacy is not None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = legacy
+    for path, value in (tree or {}).items():
+        _backend(path).fp32_precision = value
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """Run the block with float32 computed in float32 (IEEE), then restore the settings before.
+
+    On NVIDIA GPUs since Ampere, PyTorch may compute float32 matrix products, convolutions
+    and RNNs in TF32 (a 10-bit mantissa): cuDNN's convolutions and RNNs do by default, about
+    1e-3 off a float64 result where a float32 computation is about 1e-7 off. Checks compare a
+    student's float32 answer with a reference at float32's tolerance (1e-5), so both are
+    computed in this block, on the CPU (where it changes nothing by default) as on a GPU: the
+    same answers, the same grades. It sets ``torch.backends.cuda.matmul.allow_tf32 = False``,
+    ``torch.backends.cudnn.allow_tf32 = False`` and
+    ``torch.set_float32_matmul_precision("highest")``; the settings are read back through
+    PyTorch's ``fp32_precision`` values where it has them, which stay readable when code
+    mixed the two APIs.
+    """
+    settings = _precision_settings()
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        _restore_precision(settings)

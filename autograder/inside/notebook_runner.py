@@ -3,7 +3,8 @@
 Started by :mod:`autograder.pipeline.run` through :mod:`autograder.sealing.sandbox` as the first
 process of a sealed sandbox, with one socket to the grader (``WORKBOOK_CHANNEL_FD``).
 It receives the notebook (hidden tests already removed) and the submission's other
-files, limits itself, and runs every code cell in an in-process IPython shell
+files, limits itself, and runs every code cell (in
+:func:`course_lib.device.full_precision`: no TF32 on a GPU) in an in-process IPython shell
 (no Jupyter kernel, no ports, no connection files), streaming each cell's outputs
 to the grader as they appear. At a test cell it runs nothing of the cell: it asks
 the grader for that item's plan and answers each call with the student's object of
@@ -399,7 +400,10 @@ def main() -> None:
     _apply_limits(setup["limits"])
     _write_files(setup.get("files", {}))
     channel.send({"type": "hello", "pid": os.getpid()})
-    run(channel, setup)
+    from course_lib.device import full_precision
+
+    with full_precision():  # float32 in float32 on a GPU too (no TF32): the grades a CPU gives
+        run(channel, setup)
 
 
 def visible_check(item: str, impl):

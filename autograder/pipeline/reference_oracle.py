@@ -21,6 +21,7 @@ import struct
 import sys
 from typing import Any
 
+from course_lib.device import full_precision
 from course_lib.grading.calls import realise
 from course_lib.grading.wire import GeneratorState, WireError, decode, encode
 
@@ -89,7 +90,8 @@ def _serve(conn: socket.socket, targets: dict[str, Any], memory_mb: int | None) 
             return
         try:
             request = decode(raw)
-            reply = _answer(request, targets)
+            with full_precision():  # as the student's answer and the checks: no TF32 on a GPU
+                reply = _answer(request, targets)
         except Exception as exc:  # report, never die
             reply = {"ok": False, "text": f"course_lib's reference failed: {type(exc).__name__}: {str(exc)[:300]}"}
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from ..device import full_precision
 from .calls import Call, CheckFailed, Subject, qualified, realise
 from .probes import PROBES
 from .silence import quiet
@@ -44,7 +45,9 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
     ``reference`` (the reference was used) or ``missing`` (no implementation).
 
     ``watch`` watches for calls of the reference and forbidden callables (off when
-    the reference itself answers)."""
+    the reference itself answers). The call runs in
+    :func:`~course_lib.device.full_precision` (no TF32), wherever it runs: a student's
+    float32 answer and the reference's are computed alike on a CPU and on a GPU."""
     spec = subject if isinstance(subject, Subject) else Subject.of(subject)
     if impl is None:
         return _error("missing", text=f"`{spec.name}` is not defined")
@@ -63,7 +66,7 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
     except Exception as exc:  # a grading input could not be built here
         return _error("check", text=f"the grader's inputs could not be built: {type(exc).__name__}: {exc}")
     used: list[str] = []
-    with quiet() as captured:
+    with quiet() as captured, full_precision():
         try:
             if watch and spec.reference is not None:
                 with forbid(spec.reference, spec.forbidden) as used:

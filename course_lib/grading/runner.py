@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..device import get_device, torch_threads
+from ..device import full_precision, get_device, torch_threads
 from .calls import qualified
 from .perform import student_frame
 from .results import ItemResult, Score, SubResult, format_report
@@ -100,7 +100,7 @@ def grade(spec: ItemSpec, impl: Any, hidden: bool = False, device: torch.device 
     if is_reference(impl, spec.reference):
         result.reference_used = f"it is {qualified(spec.reference)}, the course's reference for this item"
     trial = Trial(spec, LocalAnswers(spec, impl), _device(device), name_mistakes)
-    with salted(salt), quiet():
+    with salted(salt), quiet(), full_precision():
         _run_subchecks(spec, subchecks, trial, result)
     return result
 
@@ -112,7 +112,7 @@ def plan_item(spec: ItemSpec, hidden: bool = True, device: torch.device | str | 
     source = RecordingAnswers(spec)
     trial = Trial(spec, source, _device(device))
     result = ItemResult(spec.name, [], graded=hidden, total_points=spec.points)
-    with salted(salt), quiet():
+    with salted(salt), quiet(), full_precision():
         _run_subchecks(spec, subchecks, trial, result)
     return ItemPlan(spec.name, hidden, source.segments)
 
@@ -127,7 +127,7 @@ def judge_item(spec: ItemSpec, plan: ItemPlan, answers: Sequence[Sequence[dict |
     result = ItemResult(spec.name, [], graded=plan.hidden, total_points=spec.points,
                         reference_used=reference_used)
     trial = Trial(spec, ReplayAnswers(plan, answers), _device(device), name_mistakes)
-    with salted(salt), quiet():
+    with salted(salt), quiet(), full_precision():
         _run_subchecks(spec, subchecks, trial, result)
     return result
 

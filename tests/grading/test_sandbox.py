@@ -199,3 +199,19 @@ def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_pat
     assert stopped and "the notebook time limit (10 s) was reached" in stopped[0]["message"], result["problems"]
     outputs = nbformat.reads(result["notebook"], as_version=4).cells[0].outputs
     assert not any("the flood ended by itself" in o.get("text", "") for o in outputs), outputs
+
+
+def test_the_sealed_notebook_runs_in_full_precision(tmp_path):
+    """The runner runs a submission's cells with TF32 off (course_lib.device.full_precision), as
+    the grader computes the references: cuDNN's own default (TF32 on) does not reach them."""
+    probe = nbformat.v4.new_code_cell(
+        "import torch\n"
+        "print('PRECISION', torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,\n"
+        "      torch.get_float32_matmul_precision())\n")
+    nb = nbformat.v4.new_notebook(cells=[probe])
+    copy = build_course_copy(tmp_path / "course", [])
+    limits = sandbox.Limits(cell_timeout=60, notebook_timeout=120, memory_mb=2048)
+    job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {}, "extra_files": []}
+    result = grade_notebook(job, copy, tmp_path / "job")
+    printed = "".join(o.get("text", "") for o in nbformat.reads(result["notebook"], as_version=4).cells[0].outputs)
+    assert "PRECISION False False highest" in printed, (printed, result["problems"])

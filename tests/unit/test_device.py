@@ -83,3 +83,48 @@ def test_the_set_up_line_names_the_device_and_where_the_stated_results_come_from
     assert "measured on a CPU" in other and "WORKBOOK_DEVICE=cpu" in other
     if torch.cuda.is_available():
         assert torch.cuda.get_device_name(0) in describe_device("cuda:0")
+
+
+# training_device: the device policy per model. torch.cuda.is_available (and the GPU's name) are
+# replaced in these tests of the rule's logic only; the training itself is never faked.
+
+def _pretend_cuda(monkeypatch, available: bool = True) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Pretend GPU")
+    monkeypatch.delenv("WORKBOOK_DEVICE", raising=False)
+
+
+def _model(parameters: int) -> torch.nn.Module:
+    return torch.nn.Linear(parameters - 1, 1)  # (parameters - 1) weights and one bias
+
+
+def test_a_small_model_trains_on_the_cpu_where_cuda_is_available_and_says_so(monkeypatch, capsys):
+    from course_lib.device import GPU_MIN_PARAMETERS, training_device
+    _pretend_cuda(monkeypatch)
+    assert get_device().type == "cuda"
+    assert training_device(_model(GPU_MIN_PARAMETERS - 1)) == torch.device("cpu")
+    said = capsys.readouterr().out
+    assert said.count("\n") == 1 and f"{GPU_MIN_PARAMETERS - 1:,} parameters" in said
+    assert "trains on the CPU, faster than on Pretend GPU" in said and "WORKBOOK_DEVICE=cuda" in said
+    assert training_device(_model(GPU_MIN_PARAMETERS)).type == "cuda"  # at the threshold: the GPU
+    assert capsys.readouterr().out == ""
+
+
+def test_workbook_device_and_prefer_override_the_rule(monkeypatch, capsys):
+    from course_lib.device import training_device
+    _pretend_cuda(monkeypatch)
+    small = _model(10)
+    assert training_device(small, prefer="cuda").type == "cuda"
+    monkeypatch.setenv("WORKBOOK_DEVICE", "cuda")
+    assert training_device(small).type == "cuda"
+    monkeypatch.setenv("WORKBOOK_DEVICE", "cpu")
+    assert training_device(_model(5_000_000)) == torch.device("cpu")
+    assert capsys.readouterr().out == ""
+
+
+def test_without_cuda_the_rule_is_get_device(monkeypatch, capsys):
+    from course_lib.device import training_device
+    _pretend_cuda(monkeypatch, available=False)
+    for size in (10, 5_000_000):
+        assert training_device(_model(size)) == get_device()
+    assert capsys.readouterr().out == ""
