@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .data.corpus import story_corpus
+from .device import torch_threads
 from .gpt import gpt2_init
 from .modern import ModernBlock, RMSNorm, swiglu_width
 from .positional import sinusoidal_positional_encoding
@@ -195,13 +196,15 @@ def train_lm(model: nn.Module, batches: CharCorpus | Callable[[int], tuple[Tenso
 
 @torch.no_grad()
 def lm_loss(model: nn.Module, corpus: CharCorpus, T: int = 64, batches: int = 8, batch_size: int = 64,
-            split: str = "val", seed: int = 1234) -> float:
-    """The mean next-character loss (nats) of ``model`` on ``batches`` random windows of ``split``,
-    the same windows for every model (drawn from ``seed``)."""
+            split: str = "val", seed: int = 1234, num_threads: int | str | None = "auto") -> float:
+    """The mean next-character loss (nats) of ``model`` on ``batches`` batches of ``batch_size`` random
+    windows of ``split``, the same windows for every model (drawn from ``seed``); on ``num_threads``
+    CPU threads (``"auto"``: one for a small model, :func:`course_lib.device.threads_for`)."""
     was = model.training
     model.eval()
     g = torch.Generator().manual_seed(seed)
-    total = sum(float(_next_token_loss(model, corpus.batch(batch_size, T, split, g))) for _ in range(batches))
+    with torch_threads(num_threads, model):
+        total = sum(float(_next_token_loss(model, corpus.batch(batch_size, T, split, g))) for _ in range(batches))
     model.train(was)
     return total / batches
 
