@@ -171,8 +171,9 @@ def test_torchs_rms_norm_earns_nothing():
     assert result.earned == 0 and "rms_norm" in result.reference_used
 
 
-def test_apply_rope_is_judged_with_course_libs_angles():
-    """A wrong rope_angles in the notebook does not cost apply_rope its points."""
+def test_apply_rope_is_judged_with_the_graders_angles():
+    """A wrong rope_angles in the notebook does not cost apply_rope its points: while apply_rope is
+    checked, the name means the grader's own (the same in the sandbox, where the reference is a stub)."""
     namespace = {"torch": torch}
     exec("def rope_angles(head_dim, positions, base=10000.0, dtype=torch.float32):\n"
          "    return positions.to(dtype)[..., None] * torch.ones(head_dim // 2, dtype=dtype)\n"
@@ -241,3 +242,15 @@ def test_gqa_by_torchs_fused_kernel_with_its_weights_earns_every_point():
             return self.W_o(out.transpose(1, 2).reshape(B, T, -1)), s.softmax(-1)
 
     assert_full_marks("GroupedQueryAttention", Fused)
+
+
+def test_the_graders_angles_are_the_references_and_earn_nothing():
+    from course_lib.grading.fixtures.modern import grader_angles
+    from course_lib.positional import rope_angles
+
+    for dtype, positions in ((torch.float32, torch.arange(7)), (torch.float64, torch.arange(9990, 10000).expand(2, 10))):
+        assert torch.equal(grader_angles(16, positions, 500.0, dtype), rope_angles(16, positions, 500.0, dtype))
+    with pytest.raises(ValueError):
+        grader_angles(5, torch.arange(3))
+    result = grade(get_spec("rope_angles"), grader_angles, hidden=True)
+    assert result.earned == 0 and "grader's own" in result.reference_used

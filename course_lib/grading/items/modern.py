@@ -5,7 +5,8 @@ Module items are graded with the grader's weights (the reference's seeded initia
 weights moved away from ones so that a forgotten weight shows). The catalogued wrong variants are
 written here, standalone: they never call or subclass their own item's reference (a variant of
 GroupedQueryAttention rotates with course_lib's ``apply_rope``, an earlier item's reference).
-``apply_rope`` is judged on its own: while it runs, the name ``rope_angles`` means course_lib's.
+``apply_rope`` is judged on its own: while it runs, the name ``rope_angles`` means the grader's own
+(:func:`course_lib.grading.fixtures.modern.grader_angles`; the reference is not available in the sandbox).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ... import modern as ref
 from ... import positional as ref_positional
 from ..calls import Invoke
 from ..compare import describe_difference, fmt_num
+from ..fixtures.modern import grader_angles
 from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, layout, module_case,
                           module_gradients, parameter_shapes, raises_value_error, randn, type_name, variant)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
@@ -255,6 +257,8 @@ def _angles_spec() -> ItemSpec:
 
     return ItemSpec(
         name="rope_angles", reference=ref_positional.rope_angles, mistakes=ANGLE_MISTAKES,
+        forbidden={grader_angles: "it uses the grader's own angles (course_lib.grading.fixtures); compute them "
+                                  "yourself"},
         subchecks=(
             SubCheck("the hand example: head_dim = 4, positions 0, 1, 2, 3", 1,
                      compare_cases(_angles_case(4, [0, 1, 2, 3]))),
@@ -367,7 +371,7 @@ def _rope_spec() -> ItemSpec:
 
     return ItemSpec(
         name="apply_rope", reference=ref_positional.apply_rope, mistakes=ROPE_MISTAKES,
-        invoke=Invoke(names=(("rope_angles", "course_lib.positional:rope_angles"),)),
+        invoke=Invoke(names=(("rope_angles", "course_lib.grading.fixtures.modern:grader_angles"),)),
         subchecks=(
             SubCheck("the hand example and x (2, 3, 5, 8), positions None", 1,
                      compare_cases(_hand_rope_case(), _rope_case(1300, (2, 3, 5, 8)))),
