@@ -71,6 +71,7 @@ BUDGETS = {
     "08_gpt_in_context_learning": 60,
     "09_efficient_attention": 60,
     "10_attention_over_images": 60,
+    "11_modern_decoder": 60,
 }
 GRADING_BUDGET = 30  # seconds, any notebook, as the autograder runs it
 
@@ -131,6 +132,15 @@ QUALITY = {
         ("ViT", r"\nViT with positions +[\d,]+ +([\d.]+%)"),
         ("without positions", r"\nViT without positions +[\d,]+ +([\d.]+%)"),
         ("CNN", r"\nCNN \(same size\) +[\d,]+ +([\d.]+%)"),
+    ),
+    "11_modern_decoder": (
+        ("loss GPT-2 block", r"\nGPT-2 block +[\d,]+ +([\d.]+) nats"),
+        ("ModernBlock", r"\nModernBlock +[\d,]+ +([\d.]+) nats"),
+        ("with LayerNorm", r"\nModernBlock with LayerNorm +[\d,]+ +([\d.]+) nats"),
+        ("rotary at 32", r"\nrotary +([\d.]+) +[\d.]+ +[\d.]+ +[\d.]+\n"),
+        ("at 128", r"\nrotary +[\d.]+ +[\d.]+ +[\d.]+ +([\d.]+)\n"),
+        ("GQA", r"\nGQA \(2\) +[\d,]+ +([\d.]+) nats"),
+        ("MQA", r"\nMQA \(1\) +[\d,]+ +([\d.]+) nats"),
     ),
 }
 
