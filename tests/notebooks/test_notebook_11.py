@@ -2,8 +2,10 @@
 and, for the claims its text makes about trained models, under two more seeds with the same
 experiments run outside it. (Its time against its budget: benchmarks/notebook_times.py.)
 
-The thresholds sit well inside what three seeds gave (the notebook's printed numbers for seed 0,
-then seeds 1 and 2), so that a claim that holds only by luck fails here, not for a student."""
+The thresholds sit below the least margin seen over seven runs, with room to spare: the notebook
+as written and with every seed it sets salted (salts 1, 2 and 3), and :func:`measure` with seeds
+1, 2 and 3; the comments give each claim's range over them. A claim that holds only by luck fails
+here, not for a student."""
 
 from __future__ import annotations
 
@@ -56,29 +58,35 @@ def printed_results(out: str) -> dict:
 
 
 def assert_claims(r: dict) -> None:
-    """The claims the notebook's text makes, each with a margin below what three seeds gave."""
+    """The claims the notebook's text makes, each with a margin below what seven runs gave."""
     modern, gpt2 = r["ModernBlock"], r["GPT-2 block"]
-    # section 7: the modern block below GPT-2's (0.10 to 0.27 nats); LayerNorm or RMSNorm, the same
+    # section 7: the modern block below GPT-2's (0.10 to 0.27 nats); LayerNorm or RMSNorm, the same (0.005-0.036)
     assert modern < gpt2 - 0.05
     assert abs(r["ModernBlock with LayerNorm"] - modern) < 0.06
-    # section 8: with learned or sinusoidal positions the block loses its lead: no better than GPT-2's
+    # section 8: with learned or sinusoidal positions the block loses its lead (0.18-0.38 above the rotary
+    # model): no better than GPT-2's (0.002 to 0.13 above it)
     for kind in ("learned", "sinusoidal"):
         assert r[kind] > modern + 0.1 and r[kind] > gpt2 - 0.05
     rotary, interpolated = r["lengths"]["rotary"], r["lengths"]["rotary, interpolated"]
-    assert rotary[-1] > rotary[0] + 0.08  # rotary positions degrade past the training length too
-    assert all(rotary[i] <= rotary[i + 1] + 0.01 for i in range(3))
-    assert all(interpolated[i] > rotary[i] + 0.1 for i in (1, 2, 3))  # interpolation untrained: worse
+    assert rotary[-1] > rotary[0] + 0.08  # rotary positions degrade past the training length too (0.17-0.36)
+    assert all(rotary[i] <= rotary[i + 1] + 0.01 for i in range(3))  # steadily (each step 0.04 or more)
+    assert all(interpolated[i] > rotary[i] + 0.1 for i in (1, 2, 3))  # interpolation untrained: worse (0.25-0.40)
     for kind in ("learned", "sinusoidal"):
-        assert r["lengths"][kind][-1] >= r["lengths"][kind][0]
-    # fine-tuning on long windows: plain rotary recovers, interpolation recovers less
+        other = r["lengths"][kind]
+        # rotary ahead up to 3 times the length (by 0.10 or more), at 4 times nearly level or ahead (0.02-0.23 ahead)
+        assert all(rotary[i] < other[i] - 0.04 for i in range(3)) and rotary[3] < other[3] + 0.05
+        # the others lose less (0.05-0.10 up to 4 times, 0.09 or more less than the rotary model): the lead shrinks
+        assert other[0] <= other[-1] < other[0] + rotary[-1] - rotary[0] - 0.03
+    # fine-tuning on long windows: plain rotary recovers (0.15-0.31, to within 0.04 of its loss at 32),
+    # interpolation recovers less (0.16-0.23 above plain fine-tuning) and costs it at 32 (0.16-0.24)
     (tuned_long, tuned_short), (pi_long, pi_short) = r["tuned"]["rotary"], r["tuned"]["rotary, interpolated"]
     assert tuned_long < rotary[-1] - 0.06 and tuned_long < rotary[0] + 0.08
     assert pi_long < interpolated[-1] - 0.1 and pi_long > tuned_long + 0.05
-    assert tuned_short < modern + 0.05 and pi_short > modern
-    # section 9: sharing keys and values costs little at equal steps
+    assert tuned_short < modern + 0.05 and pi_short > modern + 0.05
+    # section 9: sharing keys and values costs little at equal steps (at most 0.07 with GQA, 0.10 with MQA)
     assert abs(r["2 key/value heads"] - modern) < 0.15 and abs(r["1 key/value heads"] - modern) < 0.2
-    # section 10: the query heads of one group do not attend alike
-    assert r["one group"] > 0.1
+    # section 10: the query heads of one group do not attend alike (0.11-0.38)
+    assert r["one group"] > 0.05
 
 
 def test_rms_norm_keeps_the_mean_and_is_timed(run):
