@@ -131,6 +131,7 @@ BUDGETS = {
     "08_gpt_in_context_learning": 60,
     "09_efficient_attention": 60,
     "10_attention_over_images": 60,
+    "11_modern_decoder": 60,
 }
 GRADING_BUDGET = 30  # seconds, any notebook, as the autograder runs it
 
@@ -283,6 +284,15 @@ QUALITY = {
         ("rollout, mean", r"rollout of \[CLS\], heads fused by mean: ([\d.]+%)"),
         ("heads: most", _extreme(r"head \d ([\d.]+)%", max)),
         ("least", _extreme(r"head \d ([\d.]+)%", min)),
+    ),
+    "11_modern_decoder": (
+        ("loss GPT-2 block", r"\nGPT-2 block +[\d,]+ +([\d.]+) nats"),
+        ("ModernBlock", r"\nModernBlock +[\d,]+ +([\d.]+) nats"),
+        ("with LayerNorm", r"\nModernBlock with LayerNorm +[\d,]+ +([\d.]+) nats"),
+        ("rotary at 32", r"\nrotary +([\d.]+) +[\d.]+ +[\d.]+ +[\d.]+\n"),
+        ("at 128", r"\nrotary +[\d.]+ +[\d.]+ +[\d.]+ +([\d.]+)\n"),
+        ("GQA", r"\nGQA \(2\) +[\d,]+ +([\d.]+) nats"),
+        ("MQA", r"\nMQA \(1\) +[\d,]+ +([\d.]+) nats"),
     ),
 }
 

@@ -14,7 +14,7 @@ Modules, one idea each:
 - ``course_lib.data``       offline data sets (dates, copy task, toy translation, scenes of shapes) and vocabularies
 - ``course_lib.attention``  scaled dot-product attention, masks, single-head self-attention
 - ``course_lib.multihead``  multi-head attention, head split/merge, head ablation, diversity penalty
-- ``course_lib.positional`` sinusoidal, learned, relative (Shaw et al.) and rotary positions
+- ``course_lib.positional`` sinusoidal, learned, relative (Shaw et al.) and rotary positions (RoPE's angles and rotation)
 - ``course_lib.transformer`` LayerNorm, FFN, encoder/decoder layers (post-/pre-LN), stacks, the full model
 - ``course_lib.optim``      the warm-up (Noam) schedule and label-smoothed cross-entropy
 - ``course_lib.decoding``   teacher forcing, greedy decoding, beam search with a length penalty
@@ -32,6 +32,8 @@ Modules, one idea each:
 - ``course_lib.vision``     patches (patchify/unpatchify), the ViT's patch embedding, soft visual attention, the doubly stochastic penalty, attention rollout, pointing accuracy
 - ``course_lib.captioning`` Show, Attend and Tell on generated scenes: a CNN encoder, an attending GRU decoder, training and greedy captions
 - ``course_lib.vit``        a tiny Vision Transformer and a CNN of the same size for a relational question, their training and attentions
+- ``course_lib.modern``     the modern decoder block: RMSNorm, SwiGLU, repeat_kv, grouped-query attention, cache sizes, published shapes
+- ``course_lib.modern_lm``  a character language model of modern blocks (or a student's), story characters, training and length tests
 - ``course_lib.tiny_models`` a small configurable attention model and ``fit``, the training loop set up for it
 - ``course_lib.plotting``   heatmaps and curves used by the notebooks
 - ``course_lib.widgets``    the interactive attention explorer

@@ -14,7 +14,7 @@ from .attention import scaled_dot_product_attention
 from .device import torch_threads
 
 __all__ = ["attention_cost", "compare_attention", "compare_generation", "count_flops", "count_operations",
-           "loglog_slope", "largest_tensor_bytes"]
+           "loglog_slope", "largest_tensor_bytes", "seconds_per_call"]
 
 
 def _sync(device: torch.device) -> None:
@@ -166,6 +166,27 @@ def compare_generation(
     finally:
         hook.remove()
     return result
+
+
+def seconds_per_call(fn: Callable[[], object], min_runs: int = 20, budget: float = 0.2,
+                     threads: int | None = 1, device: torch.device | str = "cpu") -> float:
+    """The best time of ``fn()`` over at least ``min_runs`` runs (more, up to about ``budget`` seconds,
+    for fast calls), after one warm-up, without gradients, on ``threads`` CPU threads (default 1: the
+    steadiest clock on a busy machine; ``None`` keeps PyTorch's setting). The best run is the one least
+    disturbed by other work on the machine."""
+    device = torch.device(device)
+    best, spent, runs = float("inf"), 0.0, 0
+    with torch_threads(threads if device.type == "cpu" else None), torch.no_grad():
+        fn()
+        while runs < min_runs or (spent < budget and runs < 100 * min_runs):
+            runs += 1
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            best, spent = min(best, elapsed), spent + elapsed
+    return best
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float], last: int = 3) -> float:

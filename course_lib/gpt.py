@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from .attention import causal_mask
 from .multihead import MultiHeadAttention
 
-__all__ = ["cached_causal_mask", "GPTBlock", "GPT", "gpt_parameter_count", "GPT2_XL", "GPT3"]
+__all__ = ["cached_causal_mask", "GPTBlock", "GPT", "gpt2_init", "gpt_parameter_count", "GPT2_XL", "GPT3"]
 
 # Hyper-parameters of the two published models (Radford et al. 2019; Brown et al. 2020), under
 # GPT-2's own names, which gpt_parameter_count's arguments keep (the course's graded contract);
@@ -101,7 +101,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied embeddings
-        self.apply(_init_weights)
+        self.apply(gpt2_init)
 
     def forward(self, idx: Tensor, need_weights: bool = False,
                 caches: list | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:
@@ -127,7 +127,7 @@ class GPT(nn.Module):
         return (logits, weights) if need_weights else logits
 
 
-def _init_weights(module: nn.Module) -> None:
+def gpt2_init(module: nn.Module) -> None:
     """GPT-2's initialisation: normal(0, 0.02) weights, zero biases."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)

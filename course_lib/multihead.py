@@ -184,7 +184,8 @@ def copy_from_torch(target: nn.Module, source: nn.MultiheadAttention) -> nn.Modu
 def ablate_heads(attention: nn.Module, heads: Iterable[int]) -> Iterator[nn.Module]:
     """Switch off some heads of a multi-head attention layer inside a ``with`` block.
 
-    Works with any module that has ``num_heads`` and an output map ``w_o`` applied to the
+    Works with any module that has ``num_heads`` and an output map ``w_o`` (or ``W_o``, as
+    notebook 11's grouped-query attention names it) applied to the
     concatenated heads (course_lib's :class:`MultiHeadAttention` or a student's): the
     features of the ablated heads are set to zero just before ``w_o``, so the layer's
     output is what it would be if those heads had output nothing. ::
@@ -194,9 +195,9 @@ def ablate_heads(attention: nn.Module, heads: Iterable[int]) -> Iterator[nn.Modu
     """
     heads = sorted(set(int(h) for h in heads))
     num_heads = getattr(attention, "num_heads", None)
-    w_o = getattr(attention, "w_o", None)
+    w_o = getattr(attention, "w_o", None) or getattr(attention, "W_o", None)
     if num_heads is None or not isinstance(w_o, nn.Linear):
-        raise TypeError("ablate_heads needs a module with `num_heads` and an nn.Linear `w_o`")
+        raise TypeError("ablate_heads needs a module with `num_heads` and an nn.Linear `w_o` (or `W_o`)")
     bad = [h for h in heads if not 0 <= h < num_heads]
     if bad:
         raise ValueError(f"heads {bad} out of range for {num_heads} heads")

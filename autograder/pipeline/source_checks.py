@@ -162,6 +162,7 @@ def find_copies(sources: Iterable[tuple[str, str]], items: Iterable[str]) -> lis
 # Other names under which torch offers a forbidden computation.
 ALIASES = {
     "layer_norm": ("native_layer_norm", "LayerNorm"),
+    "rms_norm": ("_fused_rms_norm", "RMSNorm"),
     "cross_entropy": ("cross_entropy_loss", "CrossEntropyLoss"),
     "scaled_dot_product_attention": ("_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
                                      "_scaled_dot_product_efficient_attention", "_fused_sdp_choice"),

@@ -16,6 +16,7 @@ from .calls import INVOKE, Probe
 from .compare import describe_difference, fmt_num
 from .runner import current_salt
 from .spec import Case, CheckFailed
+from .trial import LIKELY_CAUSE
 from .wire import Opaque
 
 __all__ = [
@@ -23,7 +24,7 @@ __all__ = [
     "weights_sum_to_one", "masked_weights_zero", "masked_keys_ignored", "gradients_reach",
     "compare_cases", "reference_state", "module_inputs", "module_case", "layout", "parameter_shapes",
     "module_gradients", "padding", "padding_no_leak", "no_future_leak", "ignored_get_no_gradient", "variant",
-    "reproducible", "call_and_inspect",
+    "reproducible", "call_and_inspect", "raises_value_error",
 ]
 
 
@@ -163,6 +164,30 @@ def masked_keys_ignored(trial: Any, case: Case, perturb: Sequence[str] = ("k", "
             f"On {case.label}: changing the padded (masked) keys and values changed the output, "
             f"so masked keys still leak in. {problem}"
         )
+
+
+def raises_value_error(case: Case, what: str, probe: Probe = INVOKE) -> Callable[[Any], None]:
+    """Sub-check body: the student's code raises a ``ValueError`` on ``case`` (``what`` says why
+    it should); an answer instead fails, naming the catalogued mistake that gives the same answer."""
+
+    def run(trial: Any) -> None:
+        try:
+            got = trial.student(case.make(trial.device), case.label, probe)
+        except CheckFailed as failed:
+            if "raised ValueError" in str(failed):
+                return
+            raise CheckFailed(f"On {case.label}: expected a ValueError ({what}); instead {failed}") from None
+        shape = f" of shape {tuple(got.shape)}" if isinstance(got, Tensor) else ""
+        message = (f"On {case.label}: expected a ValueError ({what}), but your code returned an answer{shape}: "
+                   "check the sizes and `raise ValueError(...)` when they do not fit.")
+        for mistake in trial.spec.mistakes if trial.name_mistakes else ():
+            wrong = trial.mistake_output(mistake.impl, case.make(trial.device), probe)
+            if wrong is not None and describe_difference(wrong, got, equal_nan=True) is None:
+                message += f"\n{LIKELY_CAUSE}{mistake.hint}"
+                break
+        raise CheckFailed(message)
+
+    return run
 
 
 def call_and_inspect(trial: Any, inputs: dict, names: Sequence[str], label: str) -> tuple[Any, dict]:

@@ -28,6 +28,7 @@ ITEM_MODULES = (
     "course_lib.grading.items.gpt",
     "course_lib.grading.items.efficient_attention",
     "course_lib.grading.items.vision",
+    "course_lib.grading.items.modern",
 )
 
 

@@ -9,7 +9,7 @@ Two ways to feed it:
   before that reduced by taking index 0). The temperature is applied to these weights.
 - ``AttentionExplorer(tokens, ModelSource(model, run, describe))``: a whole model. The
   explorer finds its attention modules (course_lib's or a student's: anything with a
-  ``w_q`` projection that returns ``(output, weights)``), records their weights with forward
+  ``w_q`` (or ``W_q``) projection that returns ``(output, weights)``), records their weights with forward
   hooks, divides every attention logit by the temperature *inside* the model (by scaling
   the queries), switches heads off (``ablate_heads``), and shows the model's prediction
   (``describe(output)``), which changes with the mask, the temperature and the ablations.
@@ -172,6 +172,12 @@ def apply_temperature(weights: Tensor, temperature: float) -> Tensor:
 # Looking inside a model
 # ---------------------------------------------------------------------------
 
+def _queries(module: nn.Module) -> nn.Module | None:
+    """An attention module's query projection: ``w_q``, or ``W_q`` (notebook 11's names)."""
+    found = getattr(module, "w_q", None)
+    return found if isinstance(found, nn.Module) else getattr(module, "W_q", None)
+
+
 def find_attention_modules(model: nn.Module) -> list[nn.Module]:
     """The model's attention layers, in order: ``model.attention_modules()`` if it has it,
     else every outermost submodule with a ``w_q`` projection (the course's convention)."""
@@ -180,7 +186,7 @@ def find_attention_modules(model: nn.Module) -> list[nn.Module]:
     found: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
         inside = any(name.startswith(outer + ".") for outer, _ in found if outer)
-        if isinstance(getattr(module, "w_q", None), nn.Module) and not inside:
+        if isinstance(_queries(module), nn.Module) and not inside:
             found.append((name, module))
     if not found:
         raise ValueError("no attention module found: expected submodules with a `w_q` projection")
@@ -222,7 +228,7 @@ def logit_temperature(modules: Sequence[nn.Module], temperature: float) -> Itera
     handles = []
     if temperature != 1.0:
         for module in modules:
-            w_q = getattr(module, "w_q", None)
+            w_q = _queries(module)
             if not isinstance(w_q, nn.Module):
                 raise TypeError(f"{type(module).__name__} has no `w_q` projection to scale")
             handles.append(w_q.register_forward_hook(lambda mod, args, out: out / temperature))
@@ -284,7 +290,7 @@ class ModelSource:
                 if not heads:
                     continue
                 module = self.modules[layer]
-                if self.num_heads(layer) == 1 and not hasattr(module, "w_o"):
+                if self.num_heads(layer) == 1 and not (hasattr(module, "w_o") or hasattr(module, "W_o")):
                     stack.enter_context(_zero_output(module))
                 else:
                     stack.enter_context(ablate_heads(module, heads))

@@ -20,10 +20,10 @@ three together as ``h_runner`` in the other notebooks):
   ``importlib.reload``, exec of ``course_lib.__file__``'s source, straight to the
   grader's oracle, and after closing the plan), falling back on the wrong code.
 
-In notebook 10 the attacks reach every item at once: ``h_baseline_every`` hands in a catalogued
-mistake in each item, ``h_liar_every`` and ``h_refcall_every`` the same answers with the lying
-tensors or the hostile reference calls on each item (their private names made the item's own),
-and neither may earn more than ``h_baseline_every`` on any item.
+In notebooks 10 and 11 the attacks reach every item at once: ``h_baseline_every`` hands in a
+catalogued mistake in each item, ``h_liar_every`` and ``h_refcall_every`` the same answers with the
+lying tensors or the hostile reference calls on each item (their private names made the item's
+own), and neither may earn more than ``h_baseline_every`` on any item.
 
 In notebook 03, system-level attackers (the same wrong baseline plus one added cell
 each, placed so that the baseline's points stay computable) read and write the course,
@@ -116,6 +116,7 @@ WRONG = {
     "10_attention_over_images": _edit("10_attention_over_images", "attention_rollout",
                                       "step = fused + torch.eye(fused.size(-1), dtype=fused.dtype, device=fused.device)",
                                       "step = fused"),
+    "11_modern_decoder": _edit("11_modern_decoder", "kv_cache_bytes", "return 2 * num_layers", "return num_layers"),
 }
 assert set(WRONG) == set(NOTEBOOKS), "a notebook has no hostile class"
 
@@ -1028,22 +1029,39 @@ def _exfil_key(*tensors) -> str:
 
 
 # ---------------------------------------------------------------------------
-# A tamper case on every item (notebook 10): every answer wrong by a catalogued mistake, then
-# the same answers each with its own lying-tensor attack, and each with its own hostile call of
-# course_lib's reference; neither may earn more than the wrong answers on any item
+# A tamper case on every item (notebooks 10 and 11): every answer wrong by a catalogued mistake,
+# then the same answers each with its own lying-tensor attack, and each with its own hostile call
+# of course_lib's reference; neither may earn more than the wrong answers on any item
 # ---------------------------------------------------------------------------
 
-EVERY = "10_attention_over_images"
-WRONG_EVERY = dict([
-    _edit(EVERY, "VisualAttention", "alpha = torch.softmax(scores, dim=-1)", "alpha = torch.softmax(scores, dim=0)"),
-    _edit(EVERY, "doubly_stochastic_penalty", "    if mask is not None:\n", "    if False:\n"),
-    _edit(EVERY, "pointing_accuracy", ".argmax())]", ".argmin())]"),
-    _edit(EVERY, "patchify", "permute(0, 2, 4, 1, 3, 5)", "permute(0, 2, 4, 3, 5, 1)"),
-    _edit(EVERY, "unpatchify", "H, W = (image_size, image_size) if isinstance(image_size, int) else image_size",
-          "W, H = (image_size, image_size) if isinstance(image_size, int) else image_size"),
-    _edit(EVERY, "PatchEmbedding", "torch.cat([cls, x], dim=1)", "torch.cat([x, cls], dim=1)"),
-    WRONG[EVERY],
-])
+_IMAGES, _MODERN = "10_attention_over_images", "11_modern_decoder"
+WRONG_EVERY = {
+    _IMAGES: dict([
+        _edit(_IMAGES, "VisualAttention", "alpha = torch.softmax(scores, dim=-1)", "alpha = torch.softmax(scores, dim=0)"),
+        _edit(_IMAGES, "doubly_stochastic_penalty", "    if mask is not None:\n", "    if False:\n"),
+        _edit(_IMAGES, "pointing_accuracy", ".argmax())]", ".argmin())]"),
+        _edit(_IMAGES, "patchify", "permute(0, 2, 4, 1, 3, 5)", "permute(0, 2, 4, 3, 5, 1)"),
+        _edit(_IMAGES, "unpatchify", "H, W = (image_size, image_size) if isinstance(image_size, int) else image_size",
+              "W, H = (image_size, image_size) if isinstance(image_size, int) else image_size"),
+        _edit(_IMAGES, "PatchEmbedding", "torch.cat([cls, x], dim=1)", "torch.cat([x, cls], dim=1)"),
+        WRONG[_IMAGES],
+    ]),
+    # each later item builds on the student's earlier ones: the baseline's points there are what
+    # that wrong code earns, and the attacks may not raise them
+    _MODERN: dict([
+        _edit(_MODERN, "RMSNorm", "x.pow(2).mean(dim=-1, keepdim=True) + self.eps)", "x.pow(2).mean(dim=-1, keepdim=True)) + self.eps"),
+        _edit(_MODERN, "rope_angles", "frequencies = base ** (-two_i / head_dim)", "frequencies = base ** (two_i / head_dim)"),
+        _edit(_MODERN, "apply_rope", "torch.stack([first * cos - second * sin, first * sin + second * cos], dim=-1).flatten(-2)",
+              "torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)"),
+        _edit(_MODERN, "SwiGLU", "F.silu(self.w1(x)) * self.w3(x)", "F.gelu(self.w1(x)) * self.w3(x)"),
+        _edit(_MODERN, "repeat_kv", "x[:, :, None].expand(B, H_kv, n_rep, T, D)", "x[:, None].expand(B, n_rep, H_kv, T, D)"),
+        _edit(_MODERN, "GroupedQueryAttention", "scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)",
+              "scores = q @ k.transpose(-2, -1)"),
+        WRONG[_MODERN],
+        _edit(_MODERN, "ModernBlock", "return x + self.ffn(self.ffn_norm(x))", "return self.ffn(self.ffn_norm(x))"),
+    ]),
+}
+EVERY = tuple(WRONG_EVERY)
 
 
 def _scoped(source: str, item: str) -> str:
@@ -1114,10 +1132,11 @@ STUDENTS[SYSTEM]["h_exfil"] = _add_cell(
     EXFIL_PRINT.replace("@MARK@", MARK), "end")
 STUDENTS["06_transformer"]["h_baseline_bleu"] = filled("06_transformer", {"bleu": BLEU_NO_CLIP})
 STUDENTS["06_transformer"]["h_nan"] = filled("06_transformer", {"bleu": NAN_BLEU.replace("@MARK@", MARK)})
-STUDENTS[EVERY]["h_baseline_every"] = filled(EVERY, WRONG_EVERY)
-for _sid, _template in (("h_liar_every", LIAR), ("h_refcall_every", REFCALL)):
-    STUDENTS[EVERY][_sid] = filled(EVERY, {_item: _wrong.rstrip("\n") + "\n\n" + _scoped(_fill(_template, EVERY, _item), _item)
-                                          for _item, _wrong in WRONG_EVERY.items()})
+for _a, _wrongs in WRONG_EVERY.items():
+    STUDENTS[_a]["h_baseline_every"] = filled(_a, _wrongs)
+    for _sid, _template in (("h_liar_every", LIAR), ("h_refcall_every", REFCALL)):
+        STUDENTS[_a][_sid] = filled(_a, {_item: _wrong.rstrip("\n") + "\n\n" + _scoped(_fill(_template, _a, _item), _item)
+                                         for _item, _wrong in _wrongs.items()})
 for _a, _students in STUDENTS.items():
     register(_a, _students)
 
@@ -1291,13 +1310,14 @@ def test_baseline_is_wrong_but_not_zero(hostile, a):
     assert scores["h_baseline"]["code"] > 0, (a, base)
 
 
-def test_every_item_tampered_with_is_judged_on_its_wrong_answer(hostile):
-    """Notebook 10: the baseline with a mistake in every item loses points on each (so that a gain
-    would show); the attackers of every item are held to it by test_attacker_gains_nothing."""
-    scores = hostile["class"].scores(EVERY)
+@pytest.mark.parametrize("a", EVERY)
+def test_every_item_tampered_with_is_judged_on_its_wrong_answer(hostile, a):
+    """Notebooks 10 and 11: the baseline with a mistake in every item loses points on each (so that a
+    gain would show); the attackers of every item are held to it by test_attacker_gains_nothing."""
+    scores = hostile["class"].scores(a)
     base = _points(scores, "h_baseline_every")
-    assert set(base) == {f"test_{item}" for item in WRONG_EVERY}
-    for item in WRONG_EVERY:
+    assert set(base) == {f"test_{item}" for item in WRONG_EVERY[a]}
+    for item in WRONG_EVERY[a]:
         assert base[f"test_{item}"] < get_spec(item).points, (item, base)
     assert scores["h_baseline_every"]["code"] > 0
     assert _points(scores, "h_liar_every") == base

@@ -109,6 +109,11 @@ def test_forbidden_callables_are_found_in_the_code():
     assert forbidden_uses("from torch.nn.functional import layer_norm", ln)
     assert forbidden_uses("g = getattr(F, 'layer_norm')", ln)
     assert not forbidden_uses("class LayerNorm(nn.Module):\n    def forward(self, x):\n        return x.mean(-1)", ln)
+    rms = get_spec("RMSNorm").forbidden  # notebook 11: torch's function and its module
+    assert forbidden_uses("class RMSNorm(nn.RMSNorm):\n    pass", rms)
+    assert forbidden_uses("def forward(self, x):\n    return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)", rms)
+    assert not forbidden_uses("class RMSNorm(nn.Module):\n    def forward(self, x):\n        return x * x.pow(2).mean(-1, "
+                              "keepdim=True).rsqrt()", rms)
 
 
 def test_a_pasted_reference_is_flagged_and_a_written_one_is_not():

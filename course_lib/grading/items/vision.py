@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from ... import vision as ref
-from ..calls import INVOKE, Invoke, Probe
+from ..calls import Invoke
 from ..compare import describe_difference, fmt_num
 from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, layout,
-                          module_case, module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
-from ..trial import LIKELY_CAUSE
+                          module_case, module_gradients, parameter_shapes, raises_value_error, randn, variant,
+                          weights_sum_to_one)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
@@ -27,30 +27,6 @@ f32, f64 = torch.float32, torch.float64
 
 def _pair(image_size) -> tuple[int, int]:
     return (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
-
-
-def _raises_value_error(case: Case, what: str, probe: Probe = INVOKE):
-    """Sub-check body: the student's code raises a ``ValueError`` on ``case`` (``what`` says why
-    it should)."""
-
-    def run(trial) -> None:
-        try:
-            got = trial.student(case.make(trial.device), case.label, probe)
-        except CheckFailed as failed:
-            if "raised ValueError" in str(failed):
-                return
-            raise CheckFailed(f"On {case.label}: expected a ValueError ({what}); instead {failed}") from None
-        shape = f" of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else ""
-        message = (f"On {case.label}: expected a ValueError ({what}), but your code returned an answer{shape}: "
-                   "check the sizes and `raise ValueError(...)` when they do not fit.")
-        for mistake in trial.spec.mistakes if trial.name_mistakes else ():
-            wrong = trial.mistake_output(mistake.impl, case.make(trial.device), probe)
-            if wrong is not None and describe_difference(wrong, got, equal_nan=True) is None:
-                message += f"\n{LIKELY_CAUSE}{mistake.hint}"
-                break
-        raise CheckFailed(message)
-
-    return run
 
 
 # ---------------------------------------------------------------------------
@@ -126,7 +102,7 @@ def _patchify_spec() -> ItemSpec:
                      compare_cases(_images_case(110, 2, 3, 12, 8, 4), _images_case(120, 3, 1, 6, 9, 3, f64),
                                    _images_case(130, 1, 2, 3, 5, 1), _images_case(140, 2, 3, 8, 8, 8)), hidden=True),
             SubCheck("a ValueError when H or W is not a multiple of patch_size", 1,
-                     _raises_value_error(bad, "10 pixels do not divide into patches of 4"), hidden=True),
+                     raises_value_error(bad, "10 pixels do not divide into patches of 4"), hidden=True),
         ),
     )
 
@@ -223,7 +199,7 @@ def _unpatchify_spec() -> ItemSpec:
                      "patches do not make the image", 1,
                      lambda t: (_roundtrip(t), t.compare([_patches_case(200, 1, 1, 9, 6, 3, f64),
                                                          _patches_case(210, 2, 2, 8, 8, 2, square=True)]),
-                                _raises_value_error(bad, "6 patches cannot fill a 2 × 2 grid")(t)), hidden=True),
+                                raises_value_error(bad, "6 patches cannot fill a 2 × 2 grid")(t)), hidden=True),
         ),
     )
 
@@ -636,7 +612,7 @@ def _rollout_spec() -> ItemSpec:
                                    _rollout_case(630, 4, 1, 3, 7, "max")), hidden=True),
             SubCheck("rows sum to 1; a ValueError for head_fusion='min'", 1,
                      lambda t: (_rows_sum_to_one(t),
-                                _raises_value_error(bad, "head_fusion must be 'mean' or 'max'")(t)), hidden=True),
+                                raises_value_error(bad, "head_fusion must be 'mean' or 'max'")(t)), hidden=True),
         ),
     )
 
