@@ -205,7 +205,7 @@ def _lms_export(course: Course, args: argparse.Namespace) -> int:
 def _check(course: Course) -> int:
     """What `make setup` runs last: whether `workbook autograde` can seal submissions off here,
     whether the gradebook opens, and whether nbgrader's exchange is the grader's (no folder of it a
-    student's: :func:`autograder.pipeline.collect.exchange_problems`); each problem with its fix."""
+    student's: :func:`autograder.pipeline.exchange.exchange_problems`); each problem with its fix."""
     from .sealing.sandbox import SandboxUnavailable, check_available
     ready = True
     try:
@@ -216,7 +216,7 @@ def _check(course: Course) -> int:
     gradebook, words = course.gradebook_ready()
     print(f"gradebook: {words}")
     ready = ready and gradebook
-    from .pipeline.collect import exchange_inbound, exchange_problems
+    from .pipeline.exchange import exchange_inbound, exchange_problems
     if course.course_id:
         exchange = exchange_inbound(course).parent
         untrusted = exchange_problems(course)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.pipeline.collect import collect_exchange, exchange_inbound
+from autograder.pipeline.collect import collect_exchange
+from autograder.pipeline.exchange import exchange_inbound
 from autograder.course import Course, CourseError
 from hubtools import Unreachable, can_act_as_others, make_env, runnable_python, shared_folder, umask
 

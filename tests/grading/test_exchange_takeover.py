@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from autograder.cli import main
-from autograder.pipeline.collect import collect_exchange, exchange_problems
+from autograder.pipeline.collect import collect_exchange
+from autograder.pipeline.exchange import exchange_problems
 from autograder.course import Course, CourseError
 from hubtools import SITE, Accounts, can_act_as_others, runnable_python
 
