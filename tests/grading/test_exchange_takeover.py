@@ -20,7 +20,6 @@ import pwd
 import shutil
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,15 @@ from autograder.cli import main
 from autograder.pipeline.collect import collect_exchange
 from autograder.pipeline.exchange import exchange_problems
 from autograder.course import Course, CourseError
-from hubtools import SITE, Accounts, can_act_as_others, runnable_python
+from hubtools import Accounts, Unreachable, can_act_as_others, make_env, runnable_python, shared_folder
 
 REPO = Path(__file__).resolve().parents[2]
 A = "03_self_attention"
 COURSE_ID = "attention-workbook"
 
-PYTHON, WHY_NOT = runnable_python() if not can_act_as_others() else (None, can_act_as_others())
-pytestmark = pytest.mark.skipif(PYTHON is None, reason=WHY_NOT or "")
+PYTHON_311, WHY_NOT = runnable_python() if not can_act_as_others() else (None, can_act_as_others())
+pytestmark = pytest.mark.skipif(PYTHON_311 is None, reason=WHY_NOT or "")
+PYTHON = ""  # the accounts' environment (students_env)
 
 SQUAT = f"""
 import os, sys
@@ -61,11 +61,29 @@ def _setup_course():
     return module
 
 
+@pytest.fixture(scope="module", autouse=True)
+def students_env():
+    """The accounts' virtual environment (this virtualenv's packages, nbgrader among them) in a
+    folder every account can enter, as a hub's is: this checkout may lie where only its owner
+    may go (a clone in ``mktemp -d``, a home of mode 750)."""
+    global PYTHON
+    try:
+        top = shared_folder("workbook-takeover-env-")
+    except Unreachable as exc:
+        pytest.skip(str(exc))
+    try:
+        PYTHON = str(make_env(top / "env", PYTHON_311, course_code=False))
+        yield PYTHON
+    finally:
+        PYTHON = ""
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def _run_as(account: str, args: list[str], cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
     entry = pwd.getpwnam(account)
     return subprocess.run([PYTHON, *args], cwd=cwd, user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8",
-                               "PYTHONPATH": f"{REPO}{os.pathsep}{SITE}", "WORKBOOK_EXCHANGE": os.environ["WORKBOOK_EXCHANGE"]},
+                          env={"PATH": f"{Path(PYTHON).parent}:/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8",
+                               "WORKBOOK_EXCHANGE": os.environ["WORKBOOK_EXCHANGE"]},
                           input=stdin, capture_output=True, text=True, timeout=300)
 
 
@@ -89,10 +107,12 @@ def _check(course: Course, capsys) -> tuple[int, str]:
 def hub(monkeypatch):
     """An exchange's root as a hub has it (root's, 1777), the course's checkout of the grader's
     account with notebook 03 released, and three accounts: the grader, a squatter, a student."""
-    top = Path(tempfile.mkdtemp(prefix="workbook-takeover-"))
+    try:
+        top = shared_folder("workbook-takeover-")
+    except Unreachable as exc:
+        pytest.skip(str(exc))
     accounts = Accounts(top / "home")
     try:
-        top.chmod(0o755)
         (top / "home").mkdir(mode=0o755)
         exchange = top / "exchange"
         exchange.mkdir()

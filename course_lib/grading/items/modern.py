@@ -12,6 +12,7 @@ GroupedQueryAttention rotates with course_lib's ``apply_rope``, an earlier item'
 from __future__ import annotations
 
 import math
+import types
 from functools import partial
 
 import torch
@@ -23,7 +24,7 @@ from ... import positional as ref_positional
 from ..calls import Invoke
 from ..compare import describe_difference, fmt_num
 from ..fixtures.modern import grader_angles
-from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, layout, module_case,
+from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
                           module_gradients, parameter_shapes, raises_value_error, randn, type_name, variant)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
@@ -260,8 +261,9 @@ def _angles_spec() -> ItemSpec:
         forbidden={grader_angles: "it uses the grader's own angles (course_lib.grading.fixtures); compute them "
                                   "yourself"},
         subchecks=(
-            SubCheck("the hand example: head_dim = 4, positions 0, 1, 2, 3", 1,
-                     compare_cases(_angles_case(4, [0, 1, 2, 3]))),
+            # (the hand example is public: with it, positions drawn for this grading)
+            SubCheck("the hand example: head_dim = 4, positions 0, 1, 2, 3, and 4 random positions", 1,
+                     compare_cases(_angles_case(4, [0, 1, 2, 3]), salted(1250, 4, (4,), 20))),
             SubCheck("head_dim = 8, positions (6,)", 1, compare_cases(salted(1200, 8, (6,), 50))),
             SubCheck("positions (B, T), float64, base 500000 (Llama 3), head_dim 2 and 64; a ValueError for an odd "
                      "head_dim", 1,
@@ -483,7 +485,8 @@ def _repeat_spec() -> ItemSpec:
     return ItemSpec(
         name="repeat_kv", reference=ref.repeat_kv, mistakes=REPEAT_MISTAKES,
         subchecks=(
-            SubCheck("the hand example: 2 key/value heads, n_rep = 2", 1, compare_cases(_kv_case((1, 2, 1, 2), 2))),
+            SubCheck("the hand example: 2 key/value heads, n_rep = 2, and random values of its shape", 1,
+                     compare_cases(_kv_case((1, 2, 1, 2), 2), _kv_case((1, 2, 1, 2), 2, 1490))),
             SubCheck("x (2, 3, 4, 5), n_rep = 2", 1, compare_cases(_kv_case((2, 3, 4, 5), 2, 1500))),
             SubCheck("one key/value head (MQA), n_rep = 1 (the same values), float64", 1,
                      compare_cases(_kv_case((2, 1, 3, 4), 4, 1510), _kv_case((1, 4, 2, 3), 1, 1520),
@@ -495,6 +498,17 @@ def _repeat_spec() -> ItemSpec:
 # ---------------------------------------------------------------------------
 # GroupedQueryAttention
 # ---------------------------------------------------------------------------
+
+def _own_copy(fn, **names):
+    """``fn`` as a function of its own, with ``names`` in place of its module's: the catalogue's
+    wrong variants stand for a student's code, which runs where this notebook's references are
+    unavailable (the sandbox), so they never call the reference objects themselves."""
+    scope = {**fn.__globals__, **names}
+    return types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+_rope_copy = _own_copy(ref_positional.apply_rope, rope_angles=_own_copy(ref_positional.rope_angles))
+
 
 class _GQALayout(nn.Module):
     """The contract's parameters; ``run`` computes grouped-query attention with its ways of going wrong."""
@@ -518,7 +532,7 @@ class _GQALayout(nn.Module):
         q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
 
         def turn(t):
-            return ref_positional.apply_rope(t, positions, base)
+            return _rope_copy(t, positions, base)
 
         if before_split:  # angles of head_dim = d_model, over the whole projection
             q, k = turn(q.unsqueeze(1)).squeeze(1), turn(k.unsqueeze(1)).squeeze(1)
@@ -639,6 +653,15 @@ def _cache_case(num_layers, num_kv_heads, head_dim, seq_len, **extra) -> Case:
     return Case(", ".join(f"{k}={v}" for k, v in kw.items()), lambda device: dict(kw))
 
 
+def _fresh_cache_case(value: int) -> Case:
+    """Sizes drawn for this grading (a hand example's answer could be typed in)."""
+    def make(device):
+        return {"num_layers": fresh(value, 1, 48), "num_kv_heads": fresh(value + 1, 1, 16),
+                "head_dim": 2 * fresh(value + 2, 8, 80), "seq_len": fresh(value + 3, 1, 9000)}
+
+    return Case("sizes drawn for this grading (layers, key/value heads, head_dim, positions)", make)
+
+
 def _cache_count(num_layers, num_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_value=2, *, kv=2, bits=False,
                  batch=True, width=None, layers=True, unit=1, as_float=False):
     n = kv * (num_layers if layers else 1) * num_kv_heads * head_dim * seq_len * (batch_size if batch else 1)
@@ -669,10 +692,10 @@ def _cache_spec() -> ItemSpec:
     return ItemSpec(
         name="kv_cache_bytes", reference=ref.kv_cache_bytes, mistakes=CACHE_MISTAKES,
         subchecks=(
-            SubCheck("the hand example: 1 layer, 1 key/value head, head_dim 2, 3 positions", 1,
-                     compare_cases(_cache_case(1, 1, 2, 3))),
-            SubCheck("Llama 2 70B (80 layers, 8 key/value heads, head_dim 128) at 4096 tokens", 1,
-                     compare_cases(_cache_case(80, 8, 128, 4096))),
+            SubCheck("the hand example: 1 layer, 1 key/value head, head_dim 2, 3 positions; sizes of this grading", 1,
+                     compare_cases(_cache_case(1, 1, 2, 3), _fresh_cache_case(1600))),
+            SubCheck("Llama 2 70B (80 layers, 8 key/value heads, head_dim 128) at 4096 tokens; sizes of this grading",
+                     1, compare_cases(_cache_case(80, 8, 128, 4096), _fresh_cache_case(1610))),
             SubCheck("8-bit numbers, a batch of 8 in 32-bit numbers, no positions yet, one key/value head", 1,
                      compare_cases(_cache_case(2, 4, 16, 64, batch_size=3, bytes_per_value=1),
                                    _cache_case(32, 8, 128, 1000, batch_size=8, bytes_per_value=4),
