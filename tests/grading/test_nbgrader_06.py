@@ -55,8 +55,10 @@ SUBMISSIONS = {
     "alice": ({"LayerNorm": LN_UNBIASED, "noam_lr": NOAM_MAX, "bleu": BLEU_NO_CLIP}, (1, 3, 2, 3, 1, 4, 4, 2),
               ("LayerNorm uses the biased one", "You take the max of the two branches",
                "Your n-gram counts are not clipped")),
+    # (bob's greedy loop without the <eos> fill fails the hidden random Transformers too on the ~5% of
+    # salts where one of them predicts <eos> early: 2 or 3 points)
     "bob": ({"DecoderLayer": DEC_NO_CAUSAL, "label_smoothed_cross_entropy": LS_ON_IGNORED,
-             "greedy_decode": GREEDY_NO_FILL}, (4, 3, 5, 2, 4, 0, 3, 3),
+             "greedy_decode": GREEDY_NO_FILL}, (4, 3, 5, 2, 4, 0, frozenset({2.0, 3.0}), 3),
             ("The decoder's self-attention ignores tgt_mask", "spreads mass onto ignored positions",
              "After a sentence has produced <eos> you keep its later predictions")),
     "carol": ({"DecoderLayer": CROSS_ON_DECODER, "EncoderLayer": ENC_SWAPPED, "bleu": BLEU_NO_BP}, (4, 3, 2, 1, 4, 4, 4, 1),
