@@ -158,6 +158,19 @@ def _make_env(dest: Path, python: str, course_code: bool) -> Path:
     return python_here
 
 
+@contextlib.contextmanager
+def accounts_env(prefix: str, python: str) -> Iterator[str]:
+    """Other accounts' virtual environment (this virtualenv's packages, nbgrader among them, not the
+    course's code) in a new folder every account can enter, as a hub's is: this checkout may lie
+    where only its owner may go (a clone in ``mktemp -d``, a home of mode 750). Yields its python;
+    raises :class:`Unreachable` where no such folder can be made."""
+    top = shared_folder(prefix)
+    try:
+        yield str(make_env(top / "env", python, course_code=False))
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def write_new(path: Path, text: str, mode: int = 0o644) -> None:
     """Write ``path`` as a new file (a hard-linked one is unlinked first, never written through)."""
     path.parent.mkdir(parents=True, exist_ok=True)

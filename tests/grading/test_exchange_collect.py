@@ -26,7 +26,7 @@ import pytest
 from autograder.pipeline.collect import collect_exchange
 from autograder.pipeline.exchange import exchange_inbound
 from autograder.course import Course, CourseError
-from hubtools import Unreachable, can_act_as_others, make_env, runnable_python, shared_folder, umask
+from hubtools import Unreachable, accounts_env, can_act_as_others, runnable_python, shared_folder, umask
 
 REPO = Path(__file__).resolve().parents[2]
 A = "03_self_attention"
@@ -40,20 +40,15 @@ PYTHON = ""  # the students' environment's python (students_env)
 
 @pytest.fixture(scope="module", autouse=True)
 def students_env():
-    """The students' virtual environment (this virtualenv's packages, nbgrader among them) in a
-    folder every account can enter, as a hub's is: the one of this checkout may lie where
-    only its owner may go (a clone in ``mktemp -d``, a home of mode 750)."""
+    """The accounts' environment in a folder they can enter (hubtools.accounts_env)."""
     global PYTHON
     try:
-        top = shared_folder("workbook-exchange-env-")
+        with accounts_env("workbook-exchange-env-", PYTHON_311) as PYTHON:
+            yield PYTHON
     except Unreachable as exc:
         pytest.skip(str(exc))
-    try:
-        PYTHON = str(make_env(top / "env", PYTHON_311, course_code=False))
-        yield PYTHON
     finally:
         PYTHON = ""
-        shutil.rmtree(top, ignore_errors=True)
 
 
 def _run_as(account: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:

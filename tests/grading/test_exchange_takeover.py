@@ -28,7 +28,7 @@ from autograder.cli import main
 from autograder.pipeline.collect import collect_exchange
 from autograder.pipeline.exchange import exchange_problems
 from autograder.course import Course, CourseError
-from hubtools import Accounts, Unreachable, can_act_as_others, make_env, runnable_python, shared_folder
+from hubtools import Accounts, Unreachable, accounts_env, can_act_as_others, runnable_python, shared_folder
 
 REPO = Path(__file__).resolve().parents[2]
 A = "03_self_attention"
@@ -63,20 +63,15 @@ def _setup_course():
 
 @pytest.fixture(scope="module", autouse=True)
 def students_env():
-    """The accounts' virtual environment (this virtualenv's packages, nbgrader among them) in a
-    folder every account can enter, as a hub's is: this checkout may lie where only its owner
-    may go (a clone in ``mktemp -d``, a home of mode 750)."""
+    """The accounts' environment in a folder they can enter (hubtools.accounts_env)."""
     global PYTHON
     try:
-        top = shared_folder("workbook-takeover-env-")
+        with accounts_env("workbook-takeover-env-", PYTHON_311) as PYTHON:
+            yield PYTHON
     except Unreachable as exc:
         pytest.skip(str(exc))
-    try:
-        PYTHON = str(make_env(top / "env", PYTHON_311, course_code=False))
-        yield PYTHON
     finally:
         PYTHON = ""
-        shutil.rmtree(top, ignore_errors=True)
 
 
 def _run_as(account: str, args: list[str], cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
