@@ -8,7 +8,7 @@
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
     workbook collect --exchange ASSIGNMENT    import them from nbgrader's exchange (a hub)
     workbook autograde [ASSIGNMENT ...]       grade in parallel, each submission sealed off
-    workbook feedback [ASSIGNMENT ...]        per-student HTML (no hidden test code)
+    workbook feedback [ASSIGNMENT ...] [-j N] per-student HTML (no hidden test code)
     workbook export [-o FILE]                 grades CSV: every notebook and the total
     workbook export --format canvas --roster EXPORT.csv   an LMS's grade import (canvas, moodle, blackboard)
     workbook gradescope ASSIGNMENT -o ZIP     the assignment as a Gradescope autograder
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("feedback", help="write per-student feedback HTML")
     p.add_argument("assignments", nargs="*")
     p.add_argument("-s", "--student", action="append")
+    p.add_argument("-j", "--workers", type=_positive, help="students rendered at once (default: one per core)")
 
     p = sub.add_parser("export", help="write the grades CSV, or an LMS's grade-import file")
     p.add_argument("assignments", nargs="*")
@@ -354,6 +355,7 @@ def _graded_words(reports: list[dict], counts: dict[str, int]) -> str:
 
 def _feedback(course: Course, args: argparse.Namespace) -> int:
     from .reports.feedback import generate_feedback
+    from .reports.similarity import default_jobs
     assignments = args.assignments or sorted(p.name for p in course.reports_dir.glob("*") if p.is_dir())
     if not assignments:
         raise CourseError("nothing graded yet: run `workbook autograde` first")
@@ -361,7 +363,7 @@ def _feedback(course: Course, args: argparse.Namespace) -> int:
         if not any(course.report_path(a, student).is_file() for a in assignments):
             raise CourseError(f"no graded work of student {student!r} in {', '.join(assignments)}")
     for assignment in assignments:
-        written = generate_feedback(course, assignment, args.student)
+        written = generate_feedback(course, assignment, args.student, workers=args.workers or default_jobs())
         print(f"{assignment}: feedback for {len(written)} students in {course.feedback_dir}")
     return 0
 

@@ -30,6 +30,7 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+WORKER_NICENESS = 5  # the xdist workers' scheduling priority, below the graded class's builder (0)
 GRADED_CLASS_TIMES: dict[str, float] = {}  # "assignment/student" -> seconds in the shared graded run
 TESTS = Path(__file__).resolve().parent
 
@@ -53,6 +54,11 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for item in items if item not in set(needing) | set(pythons)] + needing + pythons
     if needing and not config.option.collectonly:
         start(shared, sorted({Path(str(item.fspath)) for item in needing}))
+    if os.environ.get("PYTEST_XDIST_WORKER") and not config.option.collectonly:
+        # The graded class is the run's critical path (its tests run last and wait for it): its
+        # builder, started above at this worker's priority, goes first when the cores are busy;
+        # the workers, and the kernels and graders they start, yield to it.
+        os.nice(max(0, WORKER_NICENESS - os.nice(0)))
 
 
 def pytest_sessionfinish(session):

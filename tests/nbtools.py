@@ -360,7 +360,7 @@ class GradedClass:
                                         "--notebook-timeout", "400", "--memory-mb", "3072", "--quiet")
             self.seconds = time.perf_counter() - start
             self.log = proc.stdout + proc.stderr
-            self.course.workbook("feedback", *sorted(CLASS))
+            self.course.workbook("feedback", *sorted(CLASS), "-j", "2")
             self._scores = {a: self.course.scores(a) for a in CLASS}
             self.submission_seconds = self._submission_seconds()
         except BaseException:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import re
 import resource
 import shutil
+import time
 from pathlib import Path
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -257,29 +259,65 @@ def _bounded_child(conn, target, args, memory_mb: int) -> None:
         conn.close()
 
 
+class _Bounded:
+    """``target(*args)`` running in a forked process with ``memory_mb`` more address space
+    than this one maps and ``seconds`` of time (see :func:`bounded`)."""
+
+    def __init__(self, target, args: tuple, memory_mb: int, seconds: float) -> None:
+        context = multiprocessing.get_context("fork")
+        self.memory_mb, self.seconds = memory_mb, seconds
+        self.conn, child = context.Pipe(duplex=False)
+        self.process = context.Process(target=_bounded_child, args=(child, target, args, memory_mb), daemon=True)
+        self.process.start()
+        child.close()
+        self.deadline = time.monotonic() + seconds
+
+    def finish(self) -> str:
+        """Wait for it (until its deadline at most): "" when it finished, else why not."""
+        message = None
+        ended = self.conn.poll(max(0.0, self.deadline - time.monotonic()))  # a message, or the pipe closed
+        if ended:
+            try:
+                message = self.conn.recv()
+            except EOFError:  # it died without a word: let it be reaped below
+                message = None
+        self.conn.close()
+        self.process.join(5 if ended else 0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+            return message if message is not None else f"it took longer than {self.seconds:g} s and was stopped"
+        if message is None:
+            return f"it stopped (exit code {self.process.exitcode}; out of its {self.memory_mb} MB?)"
+        return message
+
+
 def bounded(target, args: tuple, memory_mb: int = FEEDBACK_MEMORY_MB, seconds: float = FEEDBACK_SECONDS) -> str:
     """Run ``target(*args)`` in a forked process with ``memory_mb`` more address space than
     this one maps and ``seconds`` of time: "" when it finished, else why not. One
     student's pages can then never cost the others theirs."""
-    context = multiprocessing.get_context("fork")
-    parent, child = context.Pipe(duplex=False)
-    process = context.Process(target=_bounded_child, args=(child, target, args, memory_mb), daemon=True)
-    process.start()
-    child.close()
-    message = None
-    if parent.poll(seconds):
-        try:
-            message = parent.recv()
-        except EOFError:
-            message = None
-    process.join(5 if message is not None else 0)
-    if process.is_alive():
-        process.kill()
-        process.join()
-        return message if message is not None else f"it took longer than {seconds:g} s and was stopped"
-    if message is None:
-        return f"it stopped (exit code {process.exitcode}; out of its {memory_mb} MB?)"
-    return message
+    return _Bounded(target, args, memory_mb, seconds).finish()
+
+
+def bounded_many(calls: list[tuple], workers: int, memory_mb: int = FEEDBACK_MEMORY_MB,
+                 seconds: float = FEEDBACK_SECONDS) -> list[str]:
+    """:func:`bounded` for each ``(target, args)`` of ``calls``, up to ``workers`` at once (each
+    forked from this process, its own limits); what each returned, in order."""
+    results: list[str | None] = [None] * len(calls)
+    running: dict[int, _Bounded] = {}
+    queue = list(enumerate(calls))
+    while queue or running:
+        while queue and len(running) < max(1, workers):
+            index, (target, args) = queue.pop(0)
+            running[index] = _Bounded(target, args, memory_mb, seconds)
+        soonest = min(r.deadline for r in running.values())
+        ready = multiprocessing.connection.wait([r.conn for r in running.values()],
+                                                timeout=max(0.0, soonest - time.monotonic()))
+        for index, render in list(running.items()):
+            if render.conn in ready or time.monotonic() >= render.deadline:
+                results[index] = render.finish()
+                del running[index]
+    return [r or "" for r in results]
 
 
 _TOC = {"Test cell": "Test of {}", "Written response": "Written answer {}", "Coding free-response": "Code {}"}
@@ -308,30 +346,36 @@ def _finish_page(page: Path, budget_mb: float) -> None:
     page.write_text(with_csp(text), encoding="utf-8")
 
 
-def generate_feedback(course: Course, assignment: str, students: list[str] | None = None) -> dict[str, list[Path]]:
+def generate_feedback(course: Course, assignment: str, students: list[str] | None = None,
+                      workers: int = 1) -> dict[str, list[Path]]:
     """Write ``grading/feedback/<student>/<assignment>/<notebook>.html``; return the files.
     Each student's pages are rendered in a process of their own, within a memory and time
-    budget; a page is kept under ``c.Intake.feedback_mb`` (outputs past it left out)."""
+    budget, ``workers`` students at once; a page is kept under ``c.Intake.feedback_mb``
+    (outputs past it left out)."""
     from ..course.settings import intake_limits
     budget = intake_limits(course).feedback_mb
     reports = course.reports_dir / assignment
     students = students or sorted(p.stem for p in reports.glob("*.json") if not p.stem.startswith("_"))
-    written: dict[str, list[Path]] = {}
+    records: dict[str, dict] = {}
     for student in students:
         report = read_json(course.report_path(assignment, student))
         if report is None:
             raise FileNotFoundError(f"{shown(student)} has no autograding report for {assignment}: run "
                                     f"`workbook autograde {assignment}` first")
+        records[student] = report
+        shutil.rmtree(course.feedback_dir / student / assignment, ignore_errors=True)
+    graded = [s for s, report in records.items()
+              if any(course.autograded_path(s, assignment, n).exists() for n in report["notebooks"])]
+    errors = bounded_many([(_nbgrader_feedback, (course, assignment, s, budget)) for s in graded], workers)
+    for student, error in zip(graded, errors):
+        if error:  # reported on the page, and the batch goes on
+            for record in records[student]["notebooks"].values():
+                record.setdefault("problems", []).append(
+                    problem("feedback", f"the feedback page could not be rendered: {shown(error, 300)}"))
+            shutil.rmtree(course.feedback_dir / student / assignment, ignore_errors=True)
+    written: dict[str, list[Path]] = {}
+    for student, report in records.items():
         out_dir = course.feedback_dir / student / assignment
-        shutil.rmtree(out_dir, ignore_errors=True)
-        graded = any(course.autograded_path(student, assignment, n).exists() for n in report["notebooks"])
-        if graded:
-            error = bounded(_nbgrader_feedback, (course, assignment, student, budget))
-            if error:  # reported on the page, and the batch goes on
-                for record in report["notebooks"].values():
-                    record.setdefault("problems", []).append(
-                        problem("feedback", f"the feedback page could not be rendered: {shown(error, 300)}"))
-                shutil.rmtree(out_dir, ignore_errors=True)
         out_dir.mkdir(parents=True, exist_ok=True)
         files = []
         for notebook, record in sorted(report["notebooks"].items()):
