@@ -198,9 +198,10 @@ def measure(seed: int) -> dict:
     return r
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_the_claims_of_the_text_hold_under_other_seeds(seed):
-    assert_claims(measure(seed))
+def test_the_claims_of_the_text_hold_under_another_seed():
+    """One other seed in every run (more are measured by benchmarks/notebook_times.py --salt N:
+    docs/claims.md)."""
+    assert_claims(measure(1))
 
 
 def test_the_plots_and_the_explorer_are_shown(run):
