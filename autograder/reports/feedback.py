@@ -261,7 +261,7 @@ def _bounded_child(conn, target, args, memory_mb: int) -> None:
 
 class _Bounded:
     """``target(*args)`` running in a forked process with ``memory_mb`` more address space
-    than this one maps and ``seconds`` of time (see :func:`bounded`)."""
+    than this one maps and ``seconds`` of time (see :func:`bounded_many`)."""
 
     def __init__(self, target, args: tuple, memory_mb: int, seconds: float) -> None:
         context = multiprocessing.get_context("fork")
@@ -292,17 +292,11 @@ class _Bounded:
         return message
 
 
-def bounded(target, args: tuple, memory_mb: int = FEEDBACK_MEMORY_MB, seconds: float = FEEDBACK_SECONDS) -> str:
-    """Run ``target(*args)`` in a forked process with ``memory_mb`` more address space than
-    this one maps and ``seconds`` of time: "" when it finished, else why not. One
-    student's pages can then never cost the others theirs."""
-    return _Bounded(target, args, memory_mb, seconds).finish()
-
-
 def bounded_many(calls: list[tuple], workers: int, memory_mb: int = FEEDBACK_MEMORY_MB,
                  seconds: float = FEEDBACK_SECONDS) -> list[str]:
-    """:func:`bounded` for each ``(target, args)`` of ``calls``, up to ``workers`` at once (each
-    forked from this process, its own limits); what each returned, in order."""
+    """Run each ``(target, args)`` of ``calls`` in a forked process with ``memory_mb`` more address
+    space than this one maps and ``seconds`` of time, up to ``workers`` at once; for each, in order,
+    "" when it finished, else why not. One student's pages can then never cost the others theirs."""
     results: list[str | None] = [None] * len(calls)
     running: dict[int, _Bounded] = {}
     queue = list(enumerate(calls))
@@ -317,7 +311,7 @@ def bounded_many(calls: list[tuple], workers: int, memory_mb: int = FEEDBACK_MEM
             if render.conn in ready or time.monotonic() >= render.deadline:
                 results[index] = render.finish()
                 del running[index]
-    return [r or "" for r in results]
+    return [r if r is not None else "" for r in results]
 
 
 _TOC = {"Test cell": "Test of {}", "Written response": "Written answer {}", "Coding free-response": "Code {}"}

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from autograder.reports.feedback import bounded, bounded_many
+from autograder.reports.feedback import bounded_many
 
 
 def _write(path: str, text: str) -> None:
@@ -59,8 +59,3 @@ def test_workers_render_side_by_side(tmp_path):
                            workers=1, seconds=2)
     assert results[0] == "it took longer than 2 s and was stopped", results
     assert results[1].startswith("TimeoutError") or results[1] == "", results  # "one" was there before it
-
-
-def test_bounded_is_one_render(tmp_path):
-    assert bounded(_write, (str(tmp_path / "c"), "C")) == ""
-    assert (tmp_path / "c").read_text() == "C"
