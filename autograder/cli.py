@@ -284,7 +284,7 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
     from .course.settings import workbook_settings
-    from .pipeline.autograde import autograde
+    from .pipeline.autograde import autograde_assignments
     from .pipeline.options import GradingOptions
     from .sealing.sandbox import SandboxUnavailable
     assignments = args.assignments or course.submitted_assignments()
@@ -307,30 +307,32 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
     course.check_assignments(args.assignments, released=True)
     for assignment in assignments:
         course.check_submitted(assignment, args.student)
-    for assignment in assignments:
-        bar = None
-        counts = {"kept": 0, "graded": 0}
-        if not args.quiet:
-            from tqdm.auto import tqdm
-            from .pipeline.cluster import WorkerTally
-            from .course.release import recorded_notebooks
-            total = len(args.student or course.submitted_students(assignment)) * \
-                len(recorded_notebooks(course, assignment))
-            bar = tqdm(total=total, desc=f"autograde {assignment}", unit="notebook")
-            tally = WorkerTally()
+    counts = {a: {"kept": 0, "graded": 0} for a in assignments}
+    bar = None
+    if not args.quiet:
+        from tqdm.auto import tqdm
+        from .pipeline.cluster import WorkerTally
+        from .course.release import recorded_notebooks
+        total = sum(len(args.student or course.submitted_students(a)) * len(recorded_notebooks(course, a))
+                    for a in assignments)
+        what = assignments[0] if len(assignments) == 1 else f"{len(assignments)} assignments"
+        bar = tqdm(total=total, desc=f"autograde {what}", unit="notebook")
+        tally = WorkerTally()
 
-        def show(record: dict) -> None:
-            counts["kept" if record.get("status") == "kept" else "graded"] += 1
-            if bar is None:
-                return
-            bar.update(1)
-            if record.get("worker"):  # graded on a cluster: done / failed / remaining per worker
-                tally.add(record["worker"], record["status"] == "failed")
-                bar.set_postfix_str(tally.line(bar.total - bar.n), refresh=True)
-        reports = autograde(course, assignment, options, progress=show)
-        if bar:
-            bar.close()
-        print(f"{assignment}: {_graded_words(reports, counts)}")
+    def show(record: dict) -> None:
+        counts[record["assignment"]]["kept" if record.get("status") == "kept" else "graded"] += 1
+        if bar is None:
+            return
+        bar.update(1)
+        if record.get("worker"):  # graded on a cluster: done / failed / remaining per worker
+            tally.add(record["worker"], record["status"] == "failed")
+            bar.set_postfix_str(tally.line(bar.total - bar.n), refresh=True)
+    # one batch for every assignment: one set of workers, none idle between two assignments
+    graded = autograde_assignments(course, assignments, options, progress=show)
+    if bar:
+        bar.close()
+    for assignment, reports in graded.items():
+        print(f"{assignment}: {_graded_words(reports, counts[assignment])}")
         for report in reports:
             for record in report["notebooks"].values():
                 for p in record.get("problems", []):

@@ -24,6 +24,7 @@ sandbox) and from the student, notebook and item.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Callable
 
 from ..course import Course
@@ -33,7 +34,7 @@ from .options import GradingOptions
 from .prepare import Batch
 from .record import Recorder, writing
 
-__all__ = ["autograde"]
+__all__ = ["autograde", "autograde_assignments"]
 
 
 def autograde(course: Course, assignment: str, options: GradingOptions | None = None,
@@ -44,19 +45,42 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
     notebook is graded. Submissions already graded with the same inputs (notebook,
     course, limits) are kept unless ``options.force``.
     """
+    return autograde_assignments(course, [assignment], options, progress)[assignment]
+
+
+def autograde_assignments(course: Course, assignments: list[str], options: GradingOptions | None = None,
+                          progress: Callable[[dict], None] | None = None) -> dict[str, list[dict]]:
+    """Autograde every submission of each of ``assignments`` in one batch of jobs: one set of
+    workers for them all (each a Python with torch to start), and a worker that finishes an
+    assignment's last notebook takes the next assignment's first. Returns each assignment's
+    grading reports, one per student; ``progress(record)`` hears of each notebook (its
+    ``assignment`` named in the record)."""
     options = options or GradingOptions()
+    assignments = list(dict.fromkeys(assignments))
     user = seal(options.sealed_by(), course, options.container_user, options.one_at_a_time())
-    batch = Batch.start(course, assignment, options, user)
-    try:
-        with writing(course, assignment) as gb:
-            recorder = Recorder(course, assignment, gb, options.sealed_by() == "none",
-                                batch.collect_log.get("notes", {}), progress)
-            tasks = batch.tasks(gb)
-            recorder.record_without_running(tasks.values())
-            jobs = [t.job for t in tasks.values() if t.job is not None]
-            if jobs:
-                dispatch(course, options, jobs,
-                         lambda job, result, worker: recorder.record(tasks[job["job_id"]], result, worker))
-    finally:
-        batch.clean()
-    return recorder.final_reports(batch.students)
+    with ExitStack() as stack:
+        batches: dict[str, Batch] = {}
+        for assignment in assignments:
+            batches[assignment] = Batch.start(course, assignment, options, user)
+            stack.callback(batches[assignment].clean)
+        gb = stack.enter_context(writing(course, *assignments))
+        recorders, tasks, jobs = {}, {}, []
+        for assignment, batch in batches.items():
+            def told(record: dict, assignment: str = assignment) -> None:
+                if progress:
+                    progress(dict(record, assignment=assignment))
+            recorders[assignment] = Recorder(course, assignment, gb, options.sealed_by() == "none",
+                                             batch.collect_log.get("notes", {}), told)
+            for key, task in batch.tasks(gb).items():
+                tasks[f"{assignment}/{key}"] = (assignment, task)
+            recorders[assignment].record_without_running(t for a, t in tasks.values() if a == assignment)
+        for key, (assignment, task) in tasks.items():
+            if task.job is not None:  # its key names the assignment too: one batch, unique keys
+                jobs.append({**task.job, "job_id": key})
+
+        def done(job: dict, result: dict, worker: str | None) -> None:
+            assignment, task = tasks[job["job_id"]]
+            recorders[assignment].record(task, result, worker)
+        if jobs:
+            dispatch(course, options, jobs, done)
+        return {a: recorders[a].final_reports(batches[a].students) for a in assignments}

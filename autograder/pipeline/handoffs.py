@@ -26,7 +26,7 @@ class Job(TypedDict, total=False):
     """One notebook to grade, as prepare makes it. ``notebook`` and ``limits`` are needed; the
     rest have defaults (a test may give a notebook alone)."""
 
-    job_id: str  # "<student>/<notebook>": the key its result comes back under
+    job_id: str  # "<student>/<notebook>" (autograde: "<assignment>/<student>/<notebook>"): its result's key
     job_dir: str  # the grader's scratch folder for it (removed afterwards)
     notebook: str  # the sanitized notebook, JSON text, hidden tests included (they never enter the seal)
     extra_files: list[tuple[str, str]]  # (name in the submission, path) of its other files

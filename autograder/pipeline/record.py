@@ -87,27 +87,29 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def writing(course: Course, assignment: str) -> Iterator[Gradebook]:
-    """The gradebook, for one batch's writes (:func:`exclusive`; nbgrader's own SQLAlchemy
-    warnings silenced)."""
-    with exclusive(course, assignment), course.gradebook() as gb, warnings.catch_warnings():
+def writing(course: Course, *assignments: str) -> Iterator[Gradebook]:
+    """The gradebook, for one batch's writes to ``assignments`` (:func:`exclusive`; nbgrader's
+    own SQLAlchemy warnings silenced)."""
+    with exclusive(course, *assignments), course.gradebook() as gb, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield gb
 
 
 @contextlib.contextmanager
-def exclusive(course: Course, assignment: str) -> Iterator[None]:
+def exclusive(course: Course, *assignments: str) -> Iterator[None]:
     """One autograde at a time: per course with a SQLite gradebook (one writer), per
     assignment with a database server (instructors grade different assignments at once)."""
     course.grading_dir.mkdir(parents=True, exist_ok=True)
     shared = not course.db_url.startswith("sqlite")
-    name = f".autograde-{assignment}.lock" if shared else ".autograde.lock"
-    with open(course.grading_dir / name, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            what = f"{assignment} of this course" if shared else "this course"
-            raise CourseError(f"another `workbook autograde` is running on {what}") from None
+    names = [f".autograde-{a}.lock" for a in sorted(set(assignments))] if shared else [".autograde.lock"]
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            lock = stack.enter_context(open(course.grading_dir / name, "w"))
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                what = f"{name[len('.autograde-'):-len('.lock')]} of this course" if shared else "this course"
+                raise CourseError(f"another `workbook autograde` is running on {what}") from None
         yield
 
 
