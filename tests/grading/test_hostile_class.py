@@ -1,11 +1,11 @@
 """A hostile class, graded in the session's one ``workbook autograde -j 2`` run next to
 the honest students of every notebook.
 
-For every notebook (01..08) a *baseline* student hands in the correct answers except
-one catalogued mistake, and item-level attackers hand in the same wrong code plus one
-attack each on that item (the three attacks on the runner itself, which do not depend on
-the notebook, one student each in 03 and 06, a function item and a module item, and all
-three together as ``h_runner`` in the other notebooks):
+For every notebook a *baseline* student hands in the correct answers except one catalogued
+mistake, and item-level attackers hand in the same wrong code plus attacks on that item: in 03 and
+06 (a function item and a module item) one student per attack below; in the other notebooks one
+student, ``h_combined``, carries all five at once (a failure of any defence shows as a gain, and
+each attack's printed mark shows that none stopped the others):
 
 - ``h_rebind``: rebinds ``check``/``grade`` and patches ``course_lib.grading`` (and its
   ``sys.modules`` entries, ``perform.perform``, the runner's channel) to claim full marks;
@@ -370,9 +370,17 @@ print("reference captured:", _ref_early)
 '''
 
 ITEM_ATTACKS = {"h_rebind": REBIND, "h_display": DISPLAY, "h_liar": LIAR, "h_patch": PATCH, "h_refcall": REFCALL}
-# the attacks on the runner's own names, hooks and comparisons act the same in every notebook
-RUNNER_ATTACKS = {"h_rebind", "h_display", "h_patch"}
-RUNNER_ATTACKED = {"03_self_attention", "06_transformer"}
+# In 03 and 06 (a function item and a module item) each attack is a student of its own. In the
+# other notebooks one student, h_combined, carries them all on its item, in this order: the lying
+# tensors, the hostile reference calls that fall back on them, then the attacks on the runner's own
+# names, hooks and comparisons (which act the same in every notebook). Either defence failing
+# shows as a gain; test_every_attack_of_the_combined_attacker_ran shows that none stopped the others.
+SEPARATE = {"03_self_attention", "06_transformer"}
+COMBINED = ("h_liar", "h_refcall", "h_display", "h_patch", "h_rebind")
+# what each attack prints once it is in place (REBIND's own line may not reach the grader: it rebinds
+# the runner's names, so it is the last and is not looked for)
+ATTACK_MARKS = {"h_liar": "lying tensors in place", "h_refcall": "reference captured:",
+                "h_patch": "comparisons patched"}
 # attacks after which the notebook runs exactly as without them (same points per item); not
 # h_patch: patched comparisons may break the student's own code (06's greedy_decode stops early)
 SAME_POINTS = {"h_rebind", "h_display", "h_liar", "h_exfil", "h_liar_every"}
@@ -1112,13 +1120,12 @@ STUDENTS: dict[str, dict[str, nbformat.NotebookNode]] = {}
 for _a in NOTEBOOKS:
     _item, _wrong = WRONG[_a]
     STUDENTS[_a] = {"h_baseline": _baseline(_a), **({"h_honest": _honest(_a)} if _a in HONEST_IN else {})}
-    for _sid, _template in ITEM_ATTACKS.items():
-        if _sid in RUNNER_ATTACKS and _a not in RUNNER_ATTACKED:
-            continue
-        STUDENTS[_a][_sid] = filled(_a, {_item: _wrong.rstrip("\n") + "\n\n" + _fill(_template, _a, _item)})
-    if _a not in RUNNER_ATTACKED:
-        _all = "\n\n".join(_fill(ITEM_ATTACKS[_sid], _a, _item) for _sid in sorted(RUNNER_ATTACKS))
-        STUDENTS[_a]["h_runner"] = filled(_a, {_item: _wrong.rstrip("\n") + "\n\n" + _all})
+    if _a in SEPARATE:
+        for _sid, _template in ITEM_ATTACKS.items():
+            STUDENTS[_a][_sid] = filled(_a, {_item: _wrong.rstrip("\n") + "\n\n" + _fill(_template, _a, _item)})
+    else:
+        _all = "\n\n".join(_fill(ITEM_ATTACKS[_sid], _a, _item) for _sid in COMBINED)
+        STUDENTS[_a]["h_combined"] = filled(_a, {_item: _wrong.rstrip("\n") + "\n\n" + _all})
 for _sid, (_source, _where, _kinds) in SYSTEM_ATTACKS.items():
     STUDENTS[SYSTEM][_sid] = _system_notebook(_source, _where)
 STUDENTS[SYSTEM]["h_baseline_causal"] = filled(SYSTEM, {"causal_mask": CAUSAL_UPPER})
@@ -1331,7 +1338,7 @@ def test_attacker_gains_nothing(hostile, a, student):
     got, base = _points(scores, student), _points(scores, _baseline_of(student))
     assert set(got) == set(base)
     allowed = dict(base)
-    if student == "h_refcall":
+    if student in ("h_refcall", "h_combined"):
         # a later item may build on course_lib's reference of an earlier one (notebook 01's own
         # solution does): the attacker's fallback there is allowed what an honest student gets
         item = f"test_{WRONG[a][0]}"
@@ -1349,7 +1356,19 @@ def test_reference_called_hostilely_earns_nothing_on_its_item(hostile, a):
     what the wrong fallback earns."""
     scores = hostile["class"].scores(a)
     item = WRONG[a][0]
-    assert _points(scores, "h_refcall")[f"test_{item}"] <= _points(scores, "h_baseline")[f"test_{item}"]
+    caller = "h_refcall" if a in SEPARATE else "h_combined"
+    assert _points(scores, caller)[f"test_{item}"] <= _points(scores, "h_baseline")[f"test_{item}"]
+
+
+@pytest.mark.parametrize("a", sorted(set(NOTEBOOKS) - SEPARATE))
+def test_every_attack_of_the_combined_attacker_ran(hostile, a):
+    """h_combined's attacks are in one cell: each printed that it was in place, so none stopped
+    the ones after it (and a gain by any of them would have shown in test_attacker_gains_nothing)."""
+    nb = json.loads(_autograded_path(hostile["course"], a, "h_combined").read_text())
+    printed = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                      for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    missing = [sid for sid, mark in ATTACK_MARKS.items() if mark not in printed]
+    assert not missing, f"{a}/h_combined: {missing} printed nothing; its outputs: {printed[-1500:]!r}"
 
 
 @pytest.mark.parametrize("student", list(SYSTEM_ATTACKS))
@@ -1600,8 +1619,7 @@ def _alive(pids: set[int]) -> set[int]:
 def test_killing_autograde_keeps_what_was_graded_and_leaves_nothing_running():
     sol = _sol(KILL_A)
     submissions = {"k_correct": {}, "k_wrong_sdpa": {"scaled_dot_product_attention": WRONG[KILL_A][1]},
-                   "k_causal_upper": {"causal_mask": CAUSAL_UPPER}, "k_stubs": None,
-                   "k_padding": {"padding_mask": sol["padding_mask"].replace("<", "<=")},
+                   "k_stubs": None, "k_padding": {"padding_mask": sol["padding_mask"].replace("<", "<=")},
                    "k_correct_2": {}}
     course = Course([KILL_A])
     try:
