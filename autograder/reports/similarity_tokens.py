@@ -199,14 +199,23 @@ def _plain_statements(source: str) -> list[_Statement]:
     return statements
 
 
+# Control characters other than tab, newline and form feed, read as a space: Python versions
+# tokenize them differently (3.11 skips a lone carriage return or a U+001C as an error token;
+# 3.12's tokenizer ends a comment at the carriage return and refuses the U+001C after it), and
+# the same answer must give the same tokens on every Python. One character for one: the spans
+# still point into the answer as written.
+_BLANKED = {c: " " for c in [*range(0x20), 0x7F] if chr(c) not in "\t\n\x0c"}
+
+
 def code_tokens(source: str) -> Tokens:
     """A code answer's normalised tokens (see the module's description)."""
     cut = len(source) > MAX_CHARS
     source = source[:MAX_CHARS]
+    readable = source.translate(_BLANKED)
     try:
-        statements = _python_statements(source)
+        statements = _python_statements(readable)
     except (tokenize.TokenError, SyntaxError, ValueError):  # IndentationError is a SyntaxError
-        statements = _plain_statements(source)
+        statements = _plain_statements(readable)
     words, spans = _canonical(statements)
     return Tokens(source, words, spans, cut)
 
