@@ -55,49 +55,81 @@ def _graded_by_the_course(trial):
 '''
 
 
-class _DropHidden(ast.NodeTransformer):
-    """Each hidden sub-check keeps its title and points (so the visible tests report the same
-    totals) and loses its code: its check becomes :data:`_GRADER_ONLY`'s function."""
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        self.generic_visit(node)
-        if _hidden(node):
-            runner = ast.Name("_graded_by_the_course", ast.Load())
-            if len(node.args) >= 3:
-                node.args[2] = runner
-            node.keywords = [k if k.arg != "run" else ast.keyword("run", runner) for k in node.keywords]
-        return node
+def _run_argument(node: ast.Call) -> ast.expr | None:
+    """A sub-check's check function: its third argument or its ``run`` keyword."""
+    if len(node.args) >= 3:
+        return node.args[2]
+    return next((k.value for k in node.keywords if k.arg == "run"), None)
 
 
-def _unused_private(tree: ast.Module) -> set[str]:
-    """Private top-level functions and classes that nothing outside their own definition names."""
-    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name.startswith("_")}
+def _referenced(node: ast.AST, skip: list[ast.AST]) -> set[str]:
+    """The names ``node`` uses, outside the sub-trees in ``skip``."""
+    inside = {id(n) for s in skip for n in ast.walk(s)}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in inside}
+
+
+def _unused_private(tree: ast.Module, dropped: list[ast.AST], removed: set[str]) -> set[str]:
+    """Private top-level functions and classes that nothing outside their own definition (and
+    outside the ``dropped`` check functions and the ``removed`` definitions) names."""
+    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name.startswith("_")}
     named = set()
     for node in tree.body:
         own = node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else None
-        named |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id != own}
-    return set(defs) - named
+        if own in removed:
+            continue
+        named |= _referenced(node, dropped) - {own}
+    return defs - removed - named
 
 
 def strip_hidden_subchecks(source: str) -> str:
     """A check-spec module's source without the code of its hidden sub-checks (their titles
-    and points stay) and without the private helpers nothing else uses any more."""
-    tree = _DropHidden().visit(ast.parse(source))
-    at = next((i + 1 for i, n in enumerate(tree.body) if isinstance(n, (ast.Import, ast.ImportFrom))), 0)
-    for k, node in enumerate(ast.parse(_GRADER_ONLY).body):  # (CheckFailed: every items module imports it)
-        tree.body.insert(at + k, node)
-    while True:
-        unused = _unused_private(tree)
-        if not unused:
-            break
-        tree.body = [n for n in tree.body if not (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in unused)]
+    and points stay) and without the private helpers nothing else uses any more.
+
+    Each hidden ``SubCheck(..., hidden=True)`` keeps its title and points (so the visible tests
+    report the same totals) and its check function becomes :data:`_GRADER_ONLY`'s. The source
+    is edited as text, never regenerated: everything else stays as written (its comments, its
+    layout, and code that the oldest Python the course supports reads, whichever Python makes
+    the edition)."""
+    tree = ast.parse(source)
+    data = source.encode("utf-8")  # (ast's columns count UTF-8 bytes)
+    starts = [0]
+    for line in data.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def at(line: int, col: int) -> int:
+        return starts[line - 1] + col
+
+    edits: list[tuple[int, int, bytes]] = []  # (start, end, replacement) in bytes
+    dropped = [arg for node in ast.walk(tree) if _hidden(node) for arg in [_run_argument(node)] if arg is not None]
+    outermost = [a for a in dropped if not any(a is not b and a in list(ast.walk(b)) for b in dropped)]
+    for arg in outermost:
+        edits.append((at(arg.lineno, arg.col_offset), at(arg.end_lineno, arg.end_col_offset), b"_graded_by_the_course"))
+    removed: set[str] = set()
+    while unused := _unused_private(tree, outermost, removed):
+        removed |= unused
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in removed:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            gone = (starts[first - 1], starts[node.end_lineno])  # its whole lines
+            edits = [e for e in edits if not gone[0] <= e[0] < gone[1]] + [(*gone, b"")]
+    if outermost:
+        imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        after = starts[imports[0].end_lineno] if imports else 0  # (CheckFailed: every items module imports it)
+        edits.append((after, after, _GRADER_ONLY.encode() + b"\n"))
     note = "(Student edition: the hidden sub-checks of these items are left out; the grader uses the course's own.)"
     first = tree.body[0] if tree.body else None
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        first.value.value = first.value.value.rstrip() + "\n\n" + note + "\n"
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str) \
+            and data[at(first.end_lineno, first.end_col_offset) - 3:][:3] in (b'"""', b"'''"):
+        end = at(first.end_lineno, first.end_col_offset) - 3
+        body = data[:end].rstrip()
+        edits.append((len(body), end, f"\n\n{note}\n".encode()))
     else:
-        tree.body.insert(0, ast.Expr(ast.Constant(note)))
-    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+        edits.append((0, 0, f'"""{note}"""\n'.encode()))
+    for start, end, text in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        data = data[:start] + text + data[end:]
+    stripped = data.decode("utf-8")
+    ast.parse(stripped)  # (an edit that broke the module fails here, not in a student's kernel)
+    return stripped
 
 
 def _readme(repo: Path) -> str:
