@@ -220,3 +220,15 @@ def test_notebook_06_keeps_the_curriculum_contract():
         assert "raise NotImplementedError()" in sources[name]
     assert "def forward(self, x, memory, tgt_mask=None, memory_mask=None)" in sources["DecoderLayer"]
     assert "def forward(self, x, mask=None)" in sources["EncoderLayer"]
+
+
+def test_a_missing_brevity_penalty_is_caught_under_every_salt():
+    """The hidden corpus of short candidates shares n-grams with its references under every salt
+    (a draw with none gave BLEU 0 with or without the penalty: 1 salt in 200 let the mistake keep
+    that check's point)."""
+    from course_lib.grading.items.transformer_decoding import BLEU_MISTAKES
+    no_bp = next(m for m in BLEU_MISTAKES if m.name == "no brevity penalty")
+    spec = get_spec("bleu")
+    earned = {salt: grade(spec, no_bp.impl, hidden=True, salt=salt, name_mistakes=False).earned
+              for salt in range(1, 201)}
+    assert {s: e for s, e in earned.items() if e != 1} == {}, "the mistake kept a hidden check's point"

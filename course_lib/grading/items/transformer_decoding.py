@@ -201,10 +201,15 @@ def _bleu_case(label: str, cands: list, refs: list, max_n: int = 4) -> Case:
 
 def _bleu_random_case(label: str, seed: int, n_sent: int, short: bool = False, repeat: bool = False,
                       max_n: int = 4, distinct: bool = False) -> Case:
-    """A random corpus drawn when the case is made (so that it follows the grading salt)."""
+    """A random corpus drawn when the case is made (so that it follows the grading salt). Short
+    candidates are drawn again where they share no ``max_n``-gram with their references: BLEU is 0
+    then with or without the brevity penalty, which the case is there to check."""
 
     def make(device) -> dict:
-        cands, refs = _bleu_corpus(seed, n_sent, short=short, repeat=repeat, distinct=distinct)
+        for attempt in range(100):
+            cands, refs = _bleu_corpus(seed + 1000 * attempt, n_sent, short=short, repeat=repeat, distinct=distinct)
+            if not short or bleu_ref.bleu(cands, refs, max_n) > 0:
+                break
         return {"candidates": cands, "references": refs, "max_n": max_n}
 
     return Case(label, make)
