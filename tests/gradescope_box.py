@@ -282,20 +282,22 @@ class _PssSampler:
 
 
 def torch_index() -> str:
-    """Where setup.sh takes torch from, so that it installs the build this machine runs:
-    pip's own configuration (empty) where a wheel of this very version lies in one of its
-    ``find-links`` folders or this torch has no local label, else PyTorch's CPU index (the
+    """Where setup.sh takes torch from, so that it installs the CPU build of this machine's torch
+    version: pip's own configuration (empty) where a CPU wheel of that version lies in one of its
+    ``find-links`` folders (whichever build this suite's own torch is: PyPI's CUDA build where the
+    suite runs on Python 3.12+) or this torch has no local label, else PyTorch's CPU index (the
     default, as on Gradescope: a CUDA build does not fit a container's memory limit)."""
     import torch
     version = torch.__version__
-    if "+" not in version:
-        return ""
+    base = version.split("+")[0]
     proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
     folders = [os.environ.get("PIP_FIND_LINKS", "")]
     folders += [line.split("=", 1)[1].strip("'\"") for line in proc.stdout.splitlines() if "find-links=" in line]
     for folder in " ".join(folders).split():
-        if Path(folder).is_dir() and any(Path(folder).glob(f"torch-{version}-*.whl")):
+        if Path(folder).is_dir() and any(Path(folder).glob(f"torch-{base}+cpu-*.whl")):
             return ""
+    if "+" not in version:
+        return ""
     return "https://download.pytorch.org/whl/cpu"
 
 

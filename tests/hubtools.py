@@ -1,8 +1,8 @@
 """Unix accounts and Python environments for tests that act as several people on one machine
 (a hub's students, its instructor, the grader's account).
 
-- :func:`runnable_python`: a Python 3.11 that an unprivileged account can run (the virtualenv's
-  own may sit under a folder only its owner can enter, e.g. pyenv in ``/root``);
+- :func:`runnable_python`: a Python of the virtualenv's version that an unprivileged account can
+  run (the virtualenv's own may sit under a folder only its owner can enter, e.g. pyenv in ``/root``);
 - :func:`make_env`: a virtual environment of that Python holding this virtualenv's pinned
   packages (hard links: seconds, no download), with or without the course's own code
   (``course_lib`` and ``autograder`` from this checkout), readable by every account wherever
@@ -42,24 +42,29 @@ def can_act_as_others() -> str:
     return f"{', '.join(missing)} not found" if missing else ""
 
 
+VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # the environments below hold this Python's packages
+
+
 def runnable_python() -> tuple[str | None, str]:
-    """(a Python 3.11 every account can run, '') or (None, why not)."""
+    """(a Python of this virtualenv's version that every account can run, '') or (None, why not):
+    the packages :func:`make_env` links in are built for this version only."""
     candidates = []
     base = getattr(sys, "_base_executable", None)
-    for path in (base, sys.executable, "/usr/bin/python3.11", shutil.which("python3.11")):
+    for path in (base, sys.executable, f"/usr/bin/python{VERSION}", shutil.which(f"python{VERSION}")):
         if path and os.path.realpath(path) not in candidates:
             candidates.append(os.path.realpath(path))
     nobody = pwd.getpwnam("nobody")
     for path in candidates:
         try:
-            done = subprocess.run([path, "-c", "import sys; print(sys.version_info[:2] == (3, 11))"],
+            done = subprocess.run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                                   user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], capture_output=True,
                                   text=True, timeout=60, cwd="/")
         except OSError:
             continue
-        if done.returncode == 0 and done.stdout.strip() == "True":
+        if done.returncode == 0 and done.stdout.strip() == VERSION:
             return path, ""
-    return None, f"no Python 3.11 that an unprivileged account can run (tried {', '.join(candidates)})"
+    return None, (f"no Python {VERSION} (the virtualenv's) that an unprivileged account can run here "
+                  f"(tried {', '.join(candidates)})")
 
 
 def shared_folder(prefix: str) -> Path:
@@ -151,7 +156,7 @@ def _make_env(dest: Path, python: str, course_code: bool) -> Path:
         with script.open("rb") as f:
             first = f.readline()
         if first.startswith(b"#!") and first[2:].strip() in (str(VENV / "bin" / n).encode()
-                                                             for n in ("python", "python3", "python3.11")):
+                                                             for n in ("python", "python3", f"python{VERSION}")):
             if not course_code and script.name == "workbook":
                 continue
             write_new(target, f"#!{python_here}\n" + script.read_text(encoding="utf-8").split("\n", 1)[1], 0o755)

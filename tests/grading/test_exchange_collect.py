@@ -33,8 +33,8 @@ A = "03_self_attention"
 COURSE_ID = "attention-workbook"
 ALICE, BOB = "daemon", "bin"  # two accounts every Debian system has, standing in for two students
 
-PYTHON_311, WHY_NOT = runnable_python() if not can_act_as_others() else (None, can_act_as_others())
-pytestmark = pytest.mark.skipif(PYTHON_311 is None, reason=WHY_NOT or "")
+ACCOUNTS_PYTHON, WHY_NOT = runnable_python() if not can_act_as_others() else (None, can_act_as_others())
+pytestmark = pytest.mark.skipif(ACCOUNTS_PYTHON is None, reason=WHY_NOT or "")
 PYTHON = ""  # the students' environment's python (students_env)
 
 
@@ -43,7 +43,7 @@ def students_env():
     """The accounts' environment in a folder they can enter (hubtools.accounts_env)."""
     global PYTHON
     try:
-        with accounts_env("workbook-exchange-env-", PYTHON_311) as PYTHON:
+        with accounts_env("workbook-exchange-env-", ACCOUNTS_PYTHON) as PYTHON:
             yield PYTHON
     except Unreachable as exc:
         pytest.skip(str(exc))

@@ -14,7 +14,7 @@ the ones the same notebooks earn through `workbook` alone, and neither student c
 Formgrader, the course's folder or the other's files.
 
 Needs root (it makes Unix accounts; skipped otherwise), the proxy and bubblewrap (`make test`
-installs both, and a Python 3.11 the accounts can run). One hub serves the whole module.
+installs both, and a Python of the virtualenv's version the accounts can run). One hub serves the whole module.
 """
 
 from __future__ import annotations
