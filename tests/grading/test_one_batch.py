@@ -14,6 +14,8 @@ from autograder.pipeline.options import GradingOptions
 from autograder.pipeline.pool import WorkerPool
 from nbtools import Course, filled
 
+pytestmark = pytest.mark.slow  # two notebooks graded in the sandbox
+
 ASSIGNMENTS = ["03_self_attention", "05_positional_encoding"]
 ONE_WORKER = GradingOptions(workers=1)
 
