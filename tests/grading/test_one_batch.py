@@ -5,6 +5,7 @@ Each assignment's grades are the ones it gets alone."""
 
 from __future__ import annotations
 
+import nbformat
 import pytest
 
 from autograder.course import Course as GradedCourse
@@ -18,13 +19,33 @@ pytestmark = pytest.mark.slow  # two notebooks graded in the sandbox
 
 ASSIGNMENTS = ["03_self_attention", "05_positional_encoding"]
 ONE_WORKER = GradingOptions(workers=1)
+# the first assignment's notebook leaves what it can for the next job of the same worker (the same
+# sandbox user); the second one's looks for it
+PLANT = r'''
+import os, subprocess
+for folder in ("/tmp", "/dev/shm", "/var/tmp", os.path.expanduser("~")):
+    try:
+        open(os.path.join(folder, "LEFT_BEHIND"), "w").write("x")
+    except OSError:
+        pass
+subprocess.Popen(["sleep", "1000"], start_new_session=True)
+'''
+PROBE = r'''
+import glob, os, subprocess
+left = [p for folder in ("/tmp", "/dev/shm", "/var/tmp", os.path.expanduser("~"))
+        for p in glob.glob(os.path.join(folder, "LEFT_BEHIND"))]
+sleeping = [line for line in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+            if line.strip() == "sleep 1000"]
+print("PROBE", left, sleeping)
+'''
 
 
 @pytest.fixture(scope="module")
 def batch():
     """Two assignments handed in by one student (the correct answers in one, the stubs as released in
-    the other: a result recorded under the wrong assignment would show), graded in one call with one
-    worker; the worker pools made and the jobs each was given are recorded."""
+    the other: a result recorded under the wrong assignment would show; the first leaves a file and a
+    process behind, the second looks for them), graded in one call with one worker; the worker pools
+    made and the jobs each was given are recorded."""
     course = Course(ASSIGNMENTS)
     pools: list[list[str]] = []
 
@@ -35,9 +56,11 @@ def batch():
             return super().work(jobs, on_result)
 
     try:
-        for a, cells in zip(ASSIGNMENTS, ({}, None)):
+        for a, cells, extra in zip(ASSIGNMENTS, ({}, None), (PLANT, PROBE)):
             course.workbook("release", a)
-            course.submit("ann", a, filled(a, cells), register=False)
+            nb = filled(a, cells)
+            nb.cells.insert(2, nbformat.v4.new_code_cell(extra))
+            course.submit("ann", a, nb, register=False)
         heard: list[dict] = []
         patch = pytest.MonkeyPatch()
         patch.setattr(dispatch_module, "WorkerPool", RecordedPool)
@@ -74,3 +97,11 @@ def test_a_second_call_keeps_what_the_batch_graded(batch):
         heard: list[dict] = []
         autograde(course, a, ONE_WORKER, progress=heard.append)
         assert [(r["assignment"], r["status"]) for r in heard] == [(a, "kept")]
+
+
+def test_nothing_one_job_leaves_reaches_the_next_assignments_job(batch):
+    """The same worker, the same sandbox user, the next assignment: none of the files or processes
+    the first notebook left behind is there."""
+    nb = batch["course"].autograded("ann", ASSIGNMENTS[1])
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "PROBE [] []" in printed, printed[-2000:]
