@@ -71,9 +71,9 @@ def autograde_assignments(course: Course, assignments: list[str], options: Gradi
                     progress(dict(record, assignment=assignment))
             recorders[assignment] = Recorder(course, assignment, gb, options.sealed_by() == "none",
                                              batch.collect_log.get("notes", {}), told)
-            for key, task in batch.tasks(gb).items():
-                tasks[f"{assignment}/{key}"] = (assignment, task)
-            recorders[assignment].record_without_running(t for a, t in tasks.values() if a == assignment)
+            mine = batch.tasks(gb)
+            recorders[assignment].record_without_running(mine.values())
+            tasks.update({f"{assignment}/{key}": (assignment, task) for key, task in mine.items()})
         for key, (assignment, task) in tasks.items():
             if task.job is not None:  # its key names the assignment too: one batch, unique keys
                 jobs.append({**task.job, "job_id": key})
