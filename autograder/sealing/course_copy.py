@@ -22,6 +22,7 @@ never holds the code of the references graded in the notebook:
 from __future__ import annotations
 
 import ast
+import compileall
 import hashlib
 import shutil
 import sys
@@ -104,6 +105,8 @@ def build_course_copy(dest: Path, items: Iterable[str], source: Path | None = No
         if missing:
             raise ValueError(f"could not find {', '.join(sorted(missing))} in {path}")
         path.write_text(ast.unparse(ast.fix_missing_locations(tree)) + "\n")
+    # compiled here, once, so that no run compiles it again (the sandbox writes no bytecode)
+    compileall.compile_dir(str(target), quiet=2)
     # make it world-readable (the sandbox may run as another user)
     for p in [target, *target.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
