@@ -40,6 +40,7 @@ __all__ = ["run_notebook", "Supervisor", "RUNNER", "known_item"]
 RUNNER = Path(__file__).resolve().parents[1] / "inside" / "notebook_runner.py"  # its folder is all the sandbox sees of autograder/
 
 GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
+STARVED_MAX = 60.0  # at most this much more for a sandbox kept waiting for a CPU meanwhile (a busy machine)
 
 MEMORY_CHECK = 0.25  # seconds between two looks at the memory all of a sandbox's processes use
 
@@ -91,6 +92,8 @@ class Supervisor:
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
+        # the cell whose limit has passed, its runner's run-queue delay then, the grace added since, when last read
+        self._grace: tuple[int | None, float | None, float, float] = (None, None, 0.0, 0.0)
         self.isolation = isolation.resolve(job.get("isolation", ""))
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
@@ -233,12 +236,17 @@ class Supervisor:
                                                  "reached", run.current, "notebook_timeout")
                 return
             if run.current is not None and now >= run.cell_started + self.limits.cell_timeout + GRACE:
-                run.end(Ending.CELL_TIMEOUT, f"the cell ran longer than the {self.limits.cell_timeout} s limit and "
-                                             "did not stop when interrupted", run.current, "cell_timeout")
-                return
+                if now >= run.cell_started + self.limits.cell_timeout + GRACE + self._starved(run, now):
+                    run.end(Ending.CELL_TIMEOUT, f"the cell ran longer than the {self.limits.cell_timeout} s limit "
+                                                 "and did not stop when interrupted", run.current, "cell_timeout")
+                    return
+            elif run.current is not None and now >= run.cell_started + self.limits.cell_timeout:
+                self._starved(run, now)  # the run-queue delay counts from the cell's limit on
             waits = [deadline - now] + ([next_memory_check - now] if self.limits.memory_mb else [])
             if run.current is not None:
-                waits.append(run.cell_started + self.limits.cell_timeout + GRACE - now)
+                limit = run.cell_started + self.limits.cell_timeout
+                waits.append((limit if now < limit and self._grace[0] != run.current else
+                              limit + GRACE + self._grace[2]) - now)
             ready, _, _ = select.select([self.sock], [], [], max(0.0, min(waits)))
             if not ready:
                 continue
@@ -262,6 +270,22 @@ class Supervisor:
                 run.end(Ending.PROTOCOL_BROKEN, "the grader stopped the notebook: its process broke the grading "
                                                 f"protocol ({exc})", run.current, "protocol")
                 return
+
+    def _starved(self, run: Transcript, now: float) -> float:
+        """The seconds added to the current cell's grace: how long the notebook's runner, once
+        the cell's limit had passed, waited for a CPU (the interrupt is handled by the
+        runner's main thread; on a machine busy with other sandboxes it can wait longer than
+        the grace itself). Read at most twice a second; 0 where the kernel does not say."""
+        cell, at_limit, extra, read_at = self._grace
+        if cell != run.current:
+            waited = sandbox.run_queue_seconds(self.process.pid)
+            self._grace = (run.current, waited, 0.0, now)
+            return 0.0
+        if at_limit is not None and now - read_at >= 0.5:
+            waited = sandbox.run_queue_seconds(self.process.pid)
+            extra = min(STARVED_MAX, max(extra, waited - at_limit)) if waited is not None else extra
+            self._grace = (cell, at_limit, extra, now)
+        return extra
 
     def _ended(self, wait: float) -> bool:
         """Whether the runner's process has ended (waiting up to ``wait`` seconds for it)."""

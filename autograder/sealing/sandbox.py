@@ -138,6 +138,23 @@ def process_tree(root: int) -> list[int]:
     return out
 
 
+def run_queue_seconds(root: int) -> float | None:
+    """Seconds the notebook's runner (the first Python of the tree under ``root``: the process
+    that runs the cells and handles their interrupts) has spent ready to run but kept off
+    the CPU by other processes (its main thread's run-queue delay, ``/proc/PID/schedstat``);
+    None where the kernel does not say."""
+    for pid in process_tree(root):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if not f.read().startswith("python"):
+                    continue
+            with open(f"/proc/{pid}/schedstat") as f:
+                return int(f.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
 def _memory_kb(pid: int, field: str) -> int:
     try:
         if field == "Rss":  # cheap: one line of statm

@@ -215,3 +215,60 @@ def test_the_sealed_notebook_runs_in_full_precision(tmp_path):
     result = grade_notebook(job, copy, tmp_path / "job")
     printed = "".join(o.get("text", "") for o in nbformat.reads(result["notebook"], as_version=4).cells[0].outputs)
     assert "PRECISION False False highest" in printed, (printed, result["problems"])
+
+
+STARVED = r'''
+import os, threading, time
+cpu = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+for _ in range(2):  # two busy processes on this thread's CPU, at full priority, for 30 s
+    if os.fork() == 0:
+        end = time.time() + 30
+        while time.time() < end:
+            pass
+        os._exit(0)
+os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread now waits for the CPU (~5% of it)
+while True:
+    pass
+'''
+
+SWALLOWS = r'''
+while True:
+    try:
+        while True:
+            pass
+    except KeyboardInterrupt:
+        pass
+'''
+
+
+def _graded(tmp_path: Path, name: str, sources: list[str], limits: sandbox.Limits) -> tuple[dict, list]:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    copy = build_course_copy(tmp_path / name / "course", [])
+    job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {}, "extra_files": []}
+    result = grade_notebook(job, copy, tmp_path / name / "job")
+    return result, nbformat.reads(result["notebook"], as_version=4).cells
+
+
+@pytest.mark.timeout(600)  # a guard against a grader that never returns, not a measure of its speed
+def test_a_cell_kept_off_the_cpu_after_its_limit_still_gets_its_grace(tmp_path, monkeypatch):
+    """A busy grading machine can keep a sandbox waiting for a CPU right when its cell's limit
+    passes: the interrupt is then handled late, through no fault of the student's. The grace
+    (here 1 s) grows by the time the runner waited for a CPU, so the cell ends as interrupted and
+    the notebook goes on (it used to be stopped as "did not stop when interrupted", every later
+    item 0: the CI run of the Python 3.12 suite saw it twice). A cell that swallows the interrupt
+    while it has the CPU is still stopped."""
+    from autograder.pipeline import run
+    monkeypatch.setattr(run, "GRACE", 1.0)
+    limits = sandbox.Limits(cell_timeout=2, notebook_timeout=150, memory_mb=2048)
+    result, cells = _graded(tmp_path, "starved", [STARVED, "print('the next cell ran')"], limits)
+    kinds = [(p["kind"], p["message"]) for p in result["problems"]]
+    assert any(k == "cell_timeout" and "was interrupted" in m for k, m in kinds), kinds
+    assert not any("did not stop when interrupted" in m for _, m in kinds), kinds
+    assert "the next cell ran" in "".join(o.get("text", "") for o in cells[1].outputs), kinds
+
+    result, cells = _graded(tmp_path, "swallows", [SWALLOWS, "print('the next cell ran')"], limits)
+    stopped = [p for p in result["problems"] if p["kind"] == "cell_timeout"]
+    assert stopped and "did not stop when interrupted" in stopped[0]["message"], result["problems"]
+    assert not any(p["kind"] == "notebook_timeout" for p in result["problems"]), result["problems"]
+    assert not any("the next cell ran" in o.get("text", "") for o in cells[1].outputs)
