@@ -139,20 +139,27 @@ def process_tree(root: int) -> list[int]:
 
 
 def run_queue_seconds(root: int) -> float | None:
-    """Seconds the notebook's runner (the first Python of the tree under ``root``: the process
-    that runs the cells and handles their interrupts) has spent ready to run but kept off
-    the CPU by other processes (its main thread's run-queue delay, ``/proc/PID/schedstat``);
-    None where the kernel does not say."""
+    """Seconds the notebook's runner (the process that runs the cells and handles their
+    interrupts: the first Python started in the tree under ``root``, before any process of
+    the student's) has spent ready to run but kept off the CPU by other processes (its main
+    thread's run-queue delay, ``/proc/PID/schedstat``); None where the kernel does not say."""
+    runner = None
     for pid in process_tree(root):
         try:
-            with open(f"/proc/{pid}/comm") as f:
-                if not f.read().startswith("python"):
-                    continue
-            with open(f"/proc/{pid}/schedstat") as f:
-                return int(f.read().split()[1]) / 1e9
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                name, rest = f.read().split(b" (", 1)[1].rsplit(b")", 1)
+            started = int(rest.split()[19])  # field 22: the start time, which no process can change
         except (OSError, ValueError, IndexError):
             continue
-    return None
+        if name.startswith(b"python") and (runner is None or started < runner[0]):
+            runner = (started, pid)
+    if runner is None:
+        return None
+    try:
+        with open(f"/proc/{runner[1]}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _memory_kb(pid: int, field: str) -> int:
