@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +48,56 @@ from .options import GradingOptions
 
 __all__ = ["Batch", "read_submission", "submission_time", "foreign_cells", "structural_problems",
            "sanitize", "released_checksums", "course_secret", "item_salt", "course_fingerprint", "extra_files",
-           "test_items", "submission_fingerprint"]
+           "test_items", "submission_fingerprint", "make_scratch", "sweep_stale_scratch"]
 
 _QUIET = logging.getLogger("autograder.quiet")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
+
+
+SCRATCH_PREFIX = "workbook-autograde-"
+OWNER_FILE = ".owner"  # in a scratch folder: "<pid> <start time>" of the run that made it
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (field 22 of /proc/PID/stat), None if there is no such process:
+    with the pid, it names one process however pids are reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def make_scratch() -> Path:
+    """A private scratch folder for one run's jobs, marked with the run's process."""
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    (scratch / OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid()) or '-'}\n")
+    return scratch
+
+
+def sweep_stale_scratch(folder: str | Path | None = None) -> list[Path]:
+    """Remove the scratch folders that runs killed before their own clean-up left behind (a
+    SIGKILL gives them no chance): the folders of this user, in ``folder`` (the temporary
+    folder), whose run has ended. A running one, another user's, a link or a folder that
+    does not say which run made it is left alone; so is everything where /proc cannot tell
+    whether a process runs. Returns what was removed."""
+    if _start_time(os.getpid()) is None:
+        return []
+    removed = []
+    for entry in Path(folder or tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        try:
+            info = entry.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            pid, started = (entry / OWNER_FILE).read_text().split()[:2]
+            if _start_time(int(pid)) == started:
+                continue
+        except (OSError, ValueError):
+            continue
+        if trees.remove_tree(entry).complete:
+            removed.append(entry)
+    return removed
 
 
 @dataclass
@@ -91,7 +137,8 @@ class Batch:
                                "course": course_fingerprint(course), "secret": hashlib.sha256(secret).hexdigest()[:8]},
                               sort_keys=True)
         rules = intake_limits(course)
-        scratch = Path(tempfile.mkdtemp(prefix="workbook-autograde-"))
+        sweep_stale_scratch()
+        scratch = make_scratch()
         if scratch.resolve().is_relative_to(course.root):
             raise CourseError(f"the scratch folder {scratch} is inside the course folder; set TMPDIR elsewhere")
         scratch.chmod(0o711)

@@ -56,12 +56,14 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from autograder.pipeline.prepare import OWNER_FILE, SCRATCH_PREFIX
 from conftest import ROOT
 from course_lib.grading import get_spec
 from graded_class import session_secret
@@ -1664,8 +1666,13 @@ def test_killing_autograde_keeps_what_was_graded_and_leaves_nothing_running():
             assert autograded.is_file()
             assert scores[student]["code"] == record["score"], (student, scores[student], record["score"])
             kept[student] = (record, autograded.stat().st_mtime_ns, autograded.read_bytes())
+        # the killed run's scratch folder (its jobs' copies of the students' files) is still there...
+        left = [p.parent for p in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*/{OWNER_FILE}")
+                if p.read_text().split()[0] == str(proc.pid)]
+        assert len(left) == 1, left
         # the rerun grades only the rest
         course.workbook("autograde", KILL_A, "-j", "1", "--cell-timeout", "60", "--notebook-timeout", "300", "--quiet")
+        assert not left[0].exists(), "the rerun left the killed run's scratch folder"
         for student, (record, mtime, data) in kept.items():
             again = json.loads((reports / f"{student}.json").read_text())["notebooks"][KILL_A]
             assert again == record, f"{student} was graded again"
