@@ -1641,6 +1641,10 @@ def test_killing_autograde_keeps_what_was_graded_and_leaves_nothing_running():
             tree |= _descendants(proc.pid)
             time.sleep(0.05)
         tree |= _descendants(proc.pid)
+        # the run's scratch folder (its jobs' copies of the students' files), which the kill leaves behind
+        left = [p.parent for p in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*/{OWNER_FILE}")
+                if p.read_text().split()[0] == str(proc.pid)]
+        assert len(left) == 1, left
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
@@ -1666,13 +1670,9 @@ def test_killing_autograde_keeps_what_was_graded_and_leaves_nothing_running():
             assert autograded.is_file()
             assert scores[student]["code"] == record["score"], (student, scores[student], record["score"])
             kept[student] = (record, autograded.stat().st_mtime_ns, autograded.read_bytes())
-        # the killed run's scratch folder (its jobs' copies of the students' files) is still there...
-        left = [p.parent for p in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*/{OWNER_FILE}")
-                if p.read_text().split()[0] == str(proc.pid)]
-        assert len(left) == 1, left
         # the rerun grades only the rest
         course.workbook("autograde", KILL_A, "-j", "1", "--cell-timeout", "60", "--notebook-timeout", "300", "--quiet")
-        assert not left[0].exists(), "the rerun left the killed run's scratch folder"
+        assert not left[0].exists(), "the killed run's scratch folder is still there after the rerun"
         for student, (record, mtime, data) in kept.items():
             again = json.loads((reports / f"{student}.json").read_text())["notebooks"][KILL_A]
             assert again == record, f"{student} was graded again"
