@@ -41,7 +41,7 @@ from ..course.release import recorded_notebooks
 from ..course.settings import intake_limits
 from ..doors import intake
 from ..doors.intake import IntakeLimits, Refused, shown
-from ..sealing import trees
+from ..sealing import sandbox, trees
 from ..sealing.course_copy import build_course_copy
 from .handoffs import Job, Task
 from .options import GradingOptions
@@ -59,20 +59,10 @@ SCRATCH_PREFIX = "workbook-autograde-"
 OWNER_FILE = ".owner"  # in a scratch folder: "<pid> <start time>" of the run that made it
 
 
-def _start_time(pid: int) -> str | None:
-    """A process's start time (field 22 of /proc/PID/stat), None if there is no such process:
-    with the pid, it names one process however pids are reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def make_scratch() -> Path:
     """A private scratch folder for one run's jobs, marked with the run's process."""
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
-    (scratch / OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid()) or '-'}\n")
+    (scratch / OWNER_FILE).write_text(f"{os.getpid()} {sandbox.start_time(os.getpid())}\n")
     return scratch
 
 
@@ -82,7 +72,7 @@ def sweep_stale_scratch(folder: str | Path | None = None) -> list[Path]:
     folder), whose run has ended. A running one, another user's, a link or a folder that
     does not say which run made it is left alone; so is everything where /proc cannot tell
     whether a process runs. Returns what was removed."""
-    if _start_time(os.getpid()) is None:
+    if sandbox.start_time(os.getpid()) is None:
         return []
     removed = []
     for entry in Path(folder or tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
@@ -91,7 +81,7 @@ def sweep_stale_scratch(folder: str | Path | None = None) -> list[Path]:
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
                 continue
             pid, started = (entry / OWNER_FILE).read_text().split()[:2]
-            if _start_time(int(pid)) == started:
+            if str(sandbox.start_time(int(pid))) == started:
                 continue
         except (OSError, ValueError):
             continue

@@ -138,6 +138,16 @@ def process_tree(root: int) -> list[int]:
     return out
 
 
+def start_time(pid: int) -> int | None:
+    """A process's start time (field 22 of /proc/PID/stat, which no process can change), None
+    if there is no such process: with the pid, it names one process however pids are reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run_queue_seconds(root: int) -> float | None:
     """Seconds the notebook's runner (the process that runs the cells and handles their
     interrupts: the first Python started in the tree under ``root``, before any process of
@@ -146,12 +156,12 @@ def run_queue_seconds(root: int) -> float | None:
     runner = None
     for pid in process_tree(root):
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                name, rest = f.read().split(b" (", 1)[1].rsplit(b")", 1)
-            started = int(rest.split()[19])  # field 22: the start time, which no process can change
-        except (OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                name = f.read()
+        except OSError:
             continue
-        if name.startswith(b"python") and (runner is None or started < runner[0]):
+        started = start_time(pid)
+        if started is not None and name.startswith(b"python") and (runner is None or started < runner[0]):
             runner = (started, pid)
     if runner is None:
         return None
