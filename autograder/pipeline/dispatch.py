@@ -12,7 +12,7 @@ from typing import Callable
 
 from ..course import Course
 from ..course.manifest import course_manifest
-from ..sealing.sandbox import SANDBOX_UID_BASE
+from ..sealing.sandbox import SANDBOX_UID_BASE, python_address_space_mb
 from .handoffs import Job, WorkerResult
 from .options import GradingOptions
 from .pool import WorkerPool
@@ -44,4 +44,8 @@ def dispatch(course: Course, options: GradingOptions, jobs: list[Job],
     uid_base = SANDBOX_UID_BASE + (os.getpid() % 20_000) * 64  # each concurrent sandbox its own user
     with WorkerPool(min(options.worker_count(), len(jobs)), grade_job_in_this_worker,
                     functools.partial(init_worker, env, uid_base)) as pool:
+        # measured here once, while the workers start, not by each worker before its first sandbox
+        if jobs and any(job["limits"].get("memory_mb") for job in jobs):
+            floor = python_address_space_mb()
+            jobs = [{**job, "address_space_mb": floor} for job in jobs]
         pool.work(jobs, lambda job, result: done(job, result, None))

@@ -39,6 +39,8 @@ class Job(TypedDict, total=False):
     isolation: str  # bubblewrap, container or none (autograder.sealing.isolation)
     container_user: dict | None  # container mode's user ({"name", "uid", "gid"})
     hard_timeout: float  # seconds after which its worker is stopped (autograder.pipeline.pool)
+    address_space_mb: int  # what a fresh Python of the grader's environment maps, measured once per batch
+    #                        (autograder.sealing.sandbox.python_address_space_mb); absent: the worker measures it
 
 
 class WorkerResult(TypedDict, total=False):

@@ -130,7 +130,7 @@ class Supervisor:
         parent, child = socket.socketpair()
         self.sock = parent
         limits = self.limits
-        floor = sandbox.python_address_space_mb() if limits.memory_mb else 0
+        floor = (self.job.get("address_space_mb") or sandbox.python_address_space_mb()) if limits.memory_mb else 0
         preexec = functools.partial(sandbox.apply_limits, limits, floor)
         if self.isolation == "none":
             argv = [os.sys.executable, "-s", str(RUNNER)]

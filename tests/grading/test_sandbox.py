@@ -201,6 +201,28 @@ def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_pat
     assert not any("the flood ended by itself" in o.get("text", "") for o in outputs), outputs
 
 
+def test_the_address_space_measured_for_the_batch_is_the_one_the_sandbox_gets(tmp_path, monkeypatch):
+    """The dispatcher measures what a fresh Python maps once per batch and hands it in each job
+    (each worker measured it again before its first sandbox: a Python importing torch, ~2.5 CPU-s).
+    The sandbox's address-space limit is that floor plus ``memory_mb``: torch imports under it (the
+    limit alone, 512 MB, is below what a Python with torch maps), a 1.5 GB allocation does not."""
+    floor = sandbox.python_address_space_mb()
+
+    def measured_again():
+        raise AssertionError("the worker measured the address space again")
+    monkeypatch.setattr(sandbox, "python_address_space_mb", measured_again)
+    cells = [nbformat.v4.new_code_cell("import torch\nprint('torch', torch.ones(2).sum().item())"),
+             nbformat.v4.new_code_cell("try:\n    block = bytearray(1536 * 2**20)\n    print('allocated')\n"
+                                       "except MemoryError:\n    print('MemoryError')")]
+    copy = build_course_copy(tmp_path / "course", [])
+    limits = sandbox.Limits(cell_timeout=60, notebook_timeout=120, memory_mb=512)
+    job = {"notebook": nbformat.writes(nbformat.v4.new_notebook(cells=cells)), "limits": limits.__dict__.copy(),
+           "salts": {}, "extra_files": [], "address_space_mb": floor}
+    result = grade_notebook(job, copy, tmp_path / "job")
+    printed = ["".join(o.get("text", "") for o in c.outputs) for c in nbformat.reads(result["notebook"], as_version=4).cells]
+    assert printed == ["torch 2.0\n", "MemoryError\n"], (printed, result["problems"])
+
+
 def test_the_sealed_notebook_runs_in_full_precision(tmp_path):
     """The runner runs a submission's cells with TF32 off (course_lib.device.full_precision), as
     the grader computes the references: cuDNN's own default (TF32 on) does not reach them."""
