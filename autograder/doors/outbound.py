@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import nh3
+from traitlets import Unicode
 
 __all__ = ["csv_cell", "write_csv", "sanitize", "markdown_html", "tex_to_mathml", "CSP", "CSP_META",
            "with_csp", "SafeHTMLExporter", "ALLOWED_TAGS", "clean_output", "clean_markdown", "clean_text", "clean_attachments",
@@ -238,6 +239,18 @@ class SafeHTMLExporter(_exporter_base()):
     """nbconvert's HTML exporter whose markdown (cells, and markdown outputs) goes through
     :func:`markdown_html` and whose ``clean_html`` is :func:`sanitize`: for the pages a
     person views a submission in (the student's feedback, the instructor's Formgrader)."""
+
+    compiled_templates = Unicode("", config=True, help=(
+        "a private folder where the page templates, once compiled, are kept for the next page "
+        "(Jinja's bytecode cache: a page of a batch no longer compiles nbconvert's dozen templates "
+        "again); empty: compiled for each page"))
+
+    def _create_environment(self):
+        environment = super()._create_environment()
+        if self.compiled_templates:
+            from jinja2 import FileSystemBytecodeCache
+            environment.bytecode_cache = FileSystemBytecodeCache(self.compiled_templates)
+        return environment
 
     def from_notebook_node(self, nb, resources=None, **kw):
         """Render a copy whose outputs are only of safe types and whose raw cells are plain

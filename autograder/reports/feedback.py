@@ -19,6 +19,7 @@ import multiprocessing.connection
 import re
 import resource
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -206,7 +207,8 @@ def _failure_page(record: dict, assignment: str, student: str) -> str:
         title=f"{assignment} / {record['notebook']} — feedback for {student}", notes=grading_notes(record)) + "\n"
 
 
-def _nbgrader_feedback(course: Course, assignment: str, student: str, budget_mb: float) -> None:
+def _nbgrader_feedback(course: Course, assignment: str, student: str, budget_mb: float,
+                       compiled_templates: str = "") -> None:
     cfg = Config(course.config)
     cfg.GenerateFeedback.preprocessors = [HideTestTracebacks, ClearHiddenTests, GetGrades, MarkAwaitingAnswers,
                                             SafeOutputs, AddGradingNotes, CSSHTMLHeaderPreprocessor]
@@ -218,6 +220,7 @@ def _nbgrader_feedback(course: Course, assignment: str, student: str, budget_mb:
     cfg.HTMLExporter.template_file = "workbook.html.j2"
     cfg.HTMLExporter.extra_template_basedirs = [str(_TEMPLATES), str(_NBGRADER_TEMPLATES)]
     cfg.HTMLExporter.embed_images = False  # never read a file a student's markdown names
+    cfg.SafeHTMLExporter.compiled_templates = compiled_templates
     coursedir = CourseDirectory(config=cfg)
     coursedir.assignment_id = assignment
     coursedir.student_id = student
@@ -360,7 +363,10 @@ def generate_feedback(course: Course, assignment: str, students: list[str] | Non
         shutil.rmtree(course.feedback_dir / student / assignment, ignore_errors=True)
     graded = [s for s, report in records.items()
               if any(course.autograded_path(s, assignment, n).exists() for n in report["notebooks"])]
-    errors = bounded_many([(_nbgrader_feedback, (course, assignment, s, budget)) for s in graded], workers)
+    # the batch's pages share their compiled templates (the folder is this run's own, mode 0700)
+    with tempfile.TemporaryDirectory(prefix="workbook-feedback-templates-") as compiled:
+        errors = bounded_many([(_nbgrader_feedback, (course, assignment, s, budget, compiled)) for s in graded],
+                              workers)
     for student, error in zip(graded, errors):
         if error:  # reported on the page, and the batch goes on
             for record in records[student]["notebooks"].values():

@@ -96,3 +96,41 @@ def test_feedback_for_an_unknown_student_is_an_error(generated_class):
 def test_workbook_runs_from_anywhere_without_the_virtualenv_on_path(generated_class, tmp_path):
     result = _workbook(generated_class["course"].root, "--help", cwd=tmp_path)
     assert result.returncode == 0 and "workbook report" in result.stdout
+
+
+def test_a_batch_of_feedback_pages_compiles_its_templates_once(generated_class, tmp_path, monkeypatch):
+    """Each student's page is rendered in a forked process of its own; the batch's renders share
+    the page templates the first one compiled (Jinja's bytecode cache in the run's own private
+    folder): nbgrader's and nbconvert's templates are compiled once a batch, not once a page."""
+    import collections
+    import shutil
+
+    import jinja2
+
+    from autograder.reports.feedback import generate_feedback
+
+    root = tmp_path / "course"
+    shutil.copytree(generated_class["course"].root, root)
+    course = GradedCourse(root)
+    students = [student for student, *_ in generated_class["students"][:3]]
+    released = root / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+    for student in students:  # the graded copies nbgrader's feedback reads (the class has grades, no notebooks)
+        path = course.autograded_path(student, ASSIGNMENT, ASSIGNMENT)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(released, path)
+    log = tmp_path / "compiled.log"
+    compile_template = jinja2.Environment.compile
+
+    def logged(self, source, name=None, filename=None, raw=False, defer_init=False):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {name}\n")
+        return compile_template(self, source, name, filename, raw, defer_init)
+    monkeypatch.setattr(jinja2.Environment, "compile", logged)  # inherited by the forked renders
+
+    pages = generate_feedback(course, ASSIGNMENT, students, workers=1)
+    for student in students:
+        (page,) = pages[student]
+        assert "test_scaled_dot_product_attention" in page.read_text(encoding="utf-8"), student  # rendered
+    compiled = collections.Counter(line.split()[0] for line in log.read_text().splitlines())
+    assert len(compiled) == 1 and str(os.getpid()) not in compiled, compiled  # the first page's render alone
+    assert next(iter(compiled.values())) >= 5, compiled
