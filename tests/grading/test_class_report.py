@@ -158,9 +158,9 @@ def test_graded_class_report_names_the_suites_planted_mistakes(graded_class, tmp
     course = graded_class.course
     course.workbook("report", "03_self_attention", "--names", "-o", str(tmp_path))
     rows = {(r["item"], r["mistake"]): r["students"].split("; ") for r in _csv(tmp_path / "mistakes.csv")}
-    expected = {("causal_mask", "upper triangle"): "causal_upper",
+    expected = {("causal_mask", "upper triangle"): "mistakes_a",
                 ("scaled_dot_product_attention", "masked scores filled with 0"): "mask_zero",
-                ("SelfAttention", "scaled by √d_model"): "scale_d_model",
+                ("SelfAttention", "scaled by √d_model"): "mistakes_a",
                 ("scaled_dot_product_attention", "softmax over the query axis"): "softmax_queries"}
     for key, student in expected.items():
         assert student in rows.get(key, []), (key, rows)

@@ -54,12 +54,11 @@ SUBMISSIONS = {
                         "Your weights sum to 1 over the queries, not the keys"),
     "mask_zero": ({"scaled_dot_product_attention": MASK_FILLED_WITH_ZERO}, (2, 2, 2, 3),
                   "Masked scores are set to 0, but exp(0) = 1 still gives them weight"),
-    "causal_upper": ({"causal_mask": CAUSAL_UPPER}, (5, 0, 2, 4),
-                     "Your mask lets each query see the future"),
-    "padding_off_by_one": ({"padding_mask": PADDING_OFF_BY_ONE}, (5, 2, 0, 4),
-                           "One position too many is allowed"),
-    "scale_d_model": ({"SelfAttention": SCALE_BY_D_MODEL}, (5, 2, 2, 2),
-                      "The scores are divided by √d_model"),
+    # three independent items, each wrong in its own way, in one submission (one sandboxed run):
+    # each costs its own item's points and no other's
+    "mistakes_a": ({"causal_mask": CAUSAL_UPPER, "padding_mask": PADDING_OFF_BY_ONE, "SelfAttention": SCALE_BY_D_MODEL},
+                   (5, 0, 0, 2), ("Your mask lets each query see the future", "One position too many is allowed",
+                                  "The scores are divided by √d_model")),
     "calls_reference": ({"scaled_dot_product_attention": CALLS_REFERENCE}, (0, 2, 2, 4),
                         "the course's reference for this item"),
     "syntax_error": ({"scaled_dot_product_attention": SYNTAX_ERROR}, (0, 2, 2, 1),

@@ -50,8 +50,9 @@ SUBMISSIONS = {
                    (5, 3, 1, 3, 1),
                    ("Your top-k keeps k+1 tokens", "The context is not cropped",
                     "Return accuracies as fractions in [0, 1], not percentages.")),
-    "calls_reference": ({"generate": CALLS_REFERENCE}, (5, 5, 0, 3, 3), ("the course's reference for this item",)),
-    "syntax_error": ({"gpt_parameter_count": SYNTAX_ERROR}, (5, 5, 3, 0, 3), ("NameError",)),
+    # a call of the reference and a syntax error, in two independent items of one submission
+    "mistakes_c": ({"generate": CALLS_REFERENCE, "gpt_parameter_count": SYNTAX_ERROR}, (5, 5, 0, 0, 3),
+                   ("the course's reference for this item", "NameError")),
 }
 
 

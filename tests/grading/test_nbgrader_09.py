@@ -56,9 +56,9 @@ SUBMISSIONS = {
                    (3, 2, 3, 5, 3, 0, 3, 2, 2),
                    ("The new keys go before the cached ones", "Each step runs the model on the whole sequence",
                     "With causal=True query i may use keys 0 .. i only")),
-    "calls_reference": ({"sliding_window_attention": CALLS_REFERENCE}, (3, 2, 3, 0, 3, 2, 4, 2, 4),
-                        ("the course's reference for this item",)),
-    "syntax_error": ({"dilated_window_mask": SYNTAX_ERROR}, (3, 0, 3, 5, 3, 2, 4, 2, 4), ("NameError",)),
+    # a call of the reference and a syntax error, in two independent items of one submission
+    "mistakes_c": ({"sliding_window_attention": CALLS_REFERENCE, "dilated_window_mask": SYNTAX_ERROR},
+                   (3, 0, 3, 0, 3, 2, 4, 2, 4), ("the course's reference for this item", "NameError")),
 }
 
 

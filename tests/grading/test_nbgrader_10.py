@@ -54,9 +54,9 @@ SUBMISSIONS = {
                    (5, 3, 0, 3, 2, 2, 1),
                    ("[CLS] comes after the patches", "The residual connection is missing",
                     "The point of a map is where its weight is largest")),
-    "calls_reference": ({"attention_rollout": CALLS_REFERENCE}, (5, 3, 3, 3, 2, 4, 0),
-                        ("the course's reference for this item",)),
-    "syntax_error": ({"unpatchify": SYNTAX_ERROR}, (5, 3, 3, 3, 0, 4, 4), ("NameError",)),
+    # a call of the reference and a syntax error, in two independent items of one submission
+    "mistakes_c": ({"attention_rollout": CALLS_REFERENCE, "unpatchify": SYNTAX_ERROR}, (5, 3, 3, 3, 0, 4, 0),
+                   ("the course's reference for this item", "NameError")),
 }
 
 

@@ -74,9 +74,9 @@ SUBMISSIONS = {
                    ("This is post-norm", "Return a Python int")),
     "mistakes_d": ({"GroupedQueryAttention": V_ROTATED, "RMSNorm": EPS_OUTSIDE}, (2, 3, 4, 3, 3, 3, 3, 3),
                    ("You rotate v too", "eps is added after the square root")),
-    "calls_reference": ({"kv_cache_bytes": CALLS_REFERENCE}, (4, 3, 4, 3, 3, 6, 0, 5),
-                        ("the course's reference for this item",)),
-    "syntax_error": ({"ModernBlock": SYNTAX_ERROR}, (4, 3, 4, 3, 3, 6, 3, 0), ("NameError",)),
+    # a call of the reference and a syntax error, in two independent items of one submission
+    "mistakes_e": ({"kv_cache_bytes": CALLS_REFERENCE, "ModernBlock": SYNTAX_ERROR}, (4, 3, 4, 3, 3, 6, 0, 0),
+                   ("the course's reference for this item", "NameError")),
 }
 
 
