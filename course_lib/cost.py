@@ -17,6 +17,17 @@ __all__ = ["attention_cost", "compare_attention", "compare_generation", "count_f
            "loglog_slope", "largest_tensor_bytes", "seconds_per_call"]
 
 
+def _timed_here(fn: Callable, what: str) -> None:
+    """Refuse to time ``fn`` where it does not run here: while a notebook is graded, course_lib's
+    references for that notebook's items are stubs that ask the grader to run them
+    (autograder/inside/reference_stubs.py), so a timing would measure the round trip, not the
+    function. The stub's own error says so in one line; the cell does not count."""
+    if getattr(fn, "__workbook_reference__", None):
+        from ._grading_oracle import ReferenceUnavailable  # (only in the course_lib of a graded notebook)
+        raise ReferenceUnavailable(f"{what} is not timed while this notebook is graded (course_lib's reference "
+                                   "runs in the grader there); this cell does not count towards the grade.")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -42,6 +53,7 @@ def attention_cost(
     (default 1: single-thread timings are far less disturbed by other work on the
     machine); ``None`` keeps PyTorch's setting.
     """
+    _timed_here(attend, "attention")
     device = torch.device(device)
     with torch_threads(threads if device.type == "cpu" else None):
         return _measure(lengths, d_k, heads, repeats, device, attend)
@@ -91,6 +103,8 @@ def compare_attention(
     """
     from tqdm.auto import tqdm
 
+    for name, attend in methods.items():
+        _timed_here(attend, name)
     device = torch.device(device)
     results = {name: {"T": [], "seconds": [], "largest_bytes": [], "flops": []} for name in methods}
     g = torch.Generator().manual_seed(0)
