@@ -210,7 +210,10 @@ def _check(course: Course) -> int:
     from .sealing.sandbox import SandboxUnavailable, check_available
     ready = True
     try:
-        print(f"sandbox: ready (bubblewrap at {check_available()})")
+        bwrap = check_available()
+        from .pipeline.worker import seal_check
+        ready, how = seal_check()
+        print(f"sandbox: ready (bubblewrap at {bwrap}; each notebook {how})" if ready else f"sandbox: NOT READY: {how}")
     except SandboxUnavailable as exc:
         print(f"sandbox: NOT READY: {exc}")
         ready = False
@@ -284,7 +287,7 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
 
 def _autograde(course: Course, args: argparse.Namespace) -> int:
     from .course.settings import workbook_settings
-    from .pipeline.autograde import autograde_assignments
+    from .pipeline.dispatch import warm_up
     from .pipeline.options import GradingOptions
     from .sealing.sandbox import SandboxUnavailable
     assignments = args.assignments or course.submitted_assignments()
@@ -295,6 +298,8 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
                                  max_output_kb=args.max_output_kb, threads=args.threads, scheduler=args.scheduler)
     options = GradingOptions.from_settings(course, settings, students=args.student, gpu=args.gpu, force=args.force,
                                            unsafe_no_sandbox=args.unsafe_no_sandbox)
+    warm_up(options)  # the workers' fork server imports torch and the checks while this process does too
+    from .pipeline.autograde import autograde_assignments
     if args.unsafe_no_sandbox:
         print("warning: grading WITHOUT the sandbox: submissions' code runs with your privileges; every grade "
               "written is marked unverified.", file=sys.stderr)
@@ -308,6 +313,7 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
     for assignment in assignments:
         course.check_submitted(assignment, args.student)
     counts = {a: {"kept": 0, "graded": 0} for a in assignments}
+    sealed: dict[str, dict[str, int]] = {a: {} for a in assignments}  # how the notebooks graded now were sealed
     bar = None
     if not args.quiet:
         from tqdm.auto import tqdm
@@ -321,6 +327,9 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
 
     def show(record: dict) -> None:
         counts[record["assignment"]]["kept" if record.get("status") == "kept" else "graded"] += 1
+        if record.get("sealed"):
+            ways = sealed[record["assignment"]]
+            ways[record["sealed"]] = ways.get(record["sealed"], 0) + 1
         if bar is None:
             return
         bar.update(1)
@@ -333,6 +342,8 @@ def _autograde(course: Course, args: argparse.Namespace) -> int:
         bar.close()
     for assignment, reports in graded.items():
         print(f"{assignment}: {_graded_words(reports, counts[assignment])}")
+        for how, n in sealed[assignment].items():
+            print(f"  sealed off: {n} notebook{'s' if n != 1 else ''} {how}")
         for report in reports:
             for record in report["notebooks"].values():
                 for p in record.get("problems", []):

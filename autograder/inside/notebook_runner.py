@@ -314,6 +314,7 @@ def run(channel: Channel, setup: dict) -> None:
     sys.stdout, sys.stderr = Stream("stdout", 1), Stream("stderr", 2)
     sys.stdin = open(os.devnull)
     shell = _make_shell()
+    _limit_address_space(limits)
     cell_timeout = float(limits["cell_timeout"])
     for index, cell in enumerate(setup["cells"]):
         if "source_bytes" in cell:  # a long cell comes as bytes (the wire caps one string)
@@ -359,23 +360,29 @@ def _vm_size() -> int:
 
 
 def _apply_limits(limits: dict) -> None:
-    """The per-process limits, the address space as ``memory_mb`` on top of what this process
-    maps once torch is imported (PyPI's Linux build of torch maps about 3 GB of CUDA libraries,
-    a CPU build about 600 MB): the same allowance for a submission whichever build grades it."""
-    import torch  # noqa: F401  (mapped before the limit is set)
-
-    def cap(kind: int, value: int) -> None:
-        soft, hard = resource.getrlimit(kind)
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        resource.setrlimit(kind, (value, value))
-
+    """The per-process limits but the address space's (:func:`_limit_address_space`, at the
+    first cell): processes, file size, open files, no core dumps."""
     cap(resource.RLIMIT_NPROC, int(limits["max_processes"]))
-    if limits.get("memory_mb"):
-        cap(resource.RLIMIT_AS, _vm_size() + int(limits["memory_mb"]) * 2**20)
     cap(resource.RLIMIT_FSIZE, int(limits["file_mb"]) * 2**20)
     cap(resource.RLIMIT_NOFILE, int(limits["max_open_files"]))
     cap(resource.RLIMIT_CORE, 0)
+
+
+def _limit_address_space(limits: dict) -> None:
+    """The address space as ``memory_mb`` on top of what this process maps when the first cell
+    starts (torch, IPython, the runner's threads: PyPI's Linux build of torch alone maps about
+    3 GB of CUDA libraries, a CPU build about 600 MB; a zygote's child has mapped what its zygote
+    imported): the same allowance for a submission whichever build and whichever seal grades it."""
+    if limits.get("memory_mb"):
+        cap(resource.RLIMIT_AS, _vm_size() + int(limits["memory_mb"]) * 2**20)
+
+
+def cap(kind: int, value: int) -> None:
+    """Lower a limit, soft and hard alike (never above the hard limit already set)."""
+    soft, hard = resource.getrlimit(kind)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(kind, (value, value))
 
 
 def _write_files(files: dict) -> None:
@@ -391,19 +398,49 @@ def _write_files(files: dict) -> None:
         path.write_bytes(data.numpy().tobytes())
 
 
+def _seal(setup: dict) -> dict:
+    """The innermost layer of the seal (autograder/inside/lockdown.py), as the grader asks for it
+    (``required`` in bubblewrap, ``where_possible`` in container mode, ``off`` unsealed): what
+    the kernel then says of this process, or why it could not be done."""
+    wanted = str(setup.get("syscall_filter", "off"))
+    if wanted == "off":
+        return {"syscall_filter": "off"}
+    import lockdown
+    try:
+        return {"syscall_filter": "on", **lockdown.lock_down()}
+    except lockdown.SealError as exc:
+        return {"syscall_filter": "failed", "error": str(exc)[:1000], "required": wanted == "required"}
+
+
 def main() -> None:
+    """Run the notebook the grader sends, then leave at once (``os._exit``: the interpreter's own
+    shutdown, mostly torch's, would cost a CPU-second and change nothing)."""
     global _CHANNEL
     fd = int(os.environ.pop("WORKBOOK_CHANNEL_FD"))
     channel = Channel(socket.socket(fileno=fd))
     _CHANNEL = channel
     setup = channel.recv()
+    seal = _seal(setup)
+    if seal.get("required") and seal["syscall_filter"] != "on":
+        channel.send({"type": "hello", "pid": os.getpid(), "seal": seal})  # and not one cell of the student's
+        os._exit(0)
     _apply_limits(setup["limits"])
     _write_files(setup.get("files", {}))
-    channel.send({"type": "hello", "pid": os.getpid()})
+    channel.send({"type": "hello", "pid": os.getpid(), "seal": seal})
     from course_lib.device import full_precision
 
     with full_precision():  # float32 in float32 on a GPU too (no TF32): the grades a CPU gives
         run(channel, setup)
+    _leave()
+
+
+def _leave() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0)
 
 
 def visible_check(item: str, impl):

@@ -178,6 +178,19 @@ def cached_course_copy(fingerprint: str, items: Iterable[str], check: Callable[[
         return dest
 
 
+_ZYGOTES: dict[int, object] = {}  # slot -> this process's zygotes for it (autograder/sealing/zygote.py)
+
+
+def _slot_zygotes(slot: int):
+    """The zygotes of one sandbox slot in this worker process (a slot grades one task at a
+    time: its file lock is held meanwhile), made on first use."""
+    from .worker import worker_zygotes
+    with _COPIES_LOCK:
+        if slot not in _ZYGOTES:
+            _ZYGOTES[slot] = worker_zygotes()
+        return _ZYGOTES[slot]
+
+
 def _worker_name() -> str:
     try:
         from distributed import get_worker
@@ -224,7 +237,7 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
             course_copy = cached_course_copy(manifest_fingerprint(manifest), items, check=check_course)
         local_job = dict(job, job_dir=str(scratch / "job"), course_copy=str(course_copy))
         with sandbox_slot() as slot:
-            result = grade_job(local_job, uid=SANDBOX_UID_BASE + CLUSTER_UID_BASE + slot)
+            result = grade_job(local_job, uid=SANDBOX_UID_BASE + CLUSTER_UID_BASE + slot, zygotes=_slot_zygotes(slot))
     finally:
         trees.remove_tree(scratch)
     result["worker"] = name

@@ -12,19 +12,31 @@ from typing import Callable
 
 from ..course import Course
 from ..course.manifest import course_manifest
+from ..sealing import isolation
 from ..sealing.sandbox import SANDBOX_UID_BASE, python_address_space_mb
+from ..sealing.zygote import zygote_possible
 from .handoffs import Job, WorkerResult
 from .options import GradingOptions
-from .pool import WorkerPool
-from .worker import grade_job, grade_job_in_this_worker, init_worker
+from .pool import WorkerPool, start_early
 
-__all__ = ["dispatch"]
+__all__ = ["dispatch", "warm_up"]
+
+WORKER = "autograder.pipeline.worker"  # what the local workers import (torch, the checks): imported when used
+
+
+def warm_up(options: GradingOptions) -> None:
+    """Start what the local workers are forked from (autograder/pipeline/pool.py) now, so that it
+    imports the grader (a few CPU-seconds) while this process imports and prepares the rest.
+    Light to import: ``workbook autograde`` calls it before anything heavy."""
+    if not options.scheduler and not options.in_process:
+        start_early([WORKER])
 
 
 def dispatch(course: Course, options: GradingOptions, jobs: list[Job],
              done: Callable[[Job, WorkerResult, str | None], None]) -> None:
     """Run and judge ``jobs``; ``done(job, result, worker)`` in this process as each result
     arrives (``worker``: the Dask worker's name, on a cluster)."""
+    from .worker import grade_job, grade_job_in_this_worker, init_worker
     if options.scheduler:
         from .cluster import run_on_cluster
         run_on_cluster(options.scheduler, jobs, course_manifest(course), done)
@@ -45,7 +57,9 @@ def dispatch(course: Course, options: GradingOptions, jobs: list[Job],
     with WorkerPool(min(options.worker_count(), len(jobs)), grade_job_in_this_worker,
                     functools.partial(init_worker, env, uid_base)) as pool:
         # measured here once, while the workers start, not by each worker before its first sandbox
-        if jobs and any(job["limits"].get("memory_mb") for job in jobs):
+        # (a zygote's child needs none: the zygote measured its own)
+        if any(job["limits"].get("memory_mb") and zygote_possible(isolation.resolve(job.get("isolation", "")),
+                                                                  bool(job.get("gpu"))) for job in jobs):
             floor = python_address_space_mb()
             jobs = [{**job, "address_space_mb": floor} for job in jobs]
         pool.work(jobs, lambda job, result: done(job, result, None))

@@ -54,6 +54,8 @@ class WorkerResult(TypedDict, total=False):
     seconds: float
     oracle_calls: int  # calls of course_lib's references the notebook made (autograder.pipeline.reference_oracle)
     isolation: str
+    seal: dict[str, str]  # how the run was sealed: "how" (forked from a zygote, a fresh sandbox, and why), the
+    #                       syscall filter and what the kernel said of the runner before the first cell
     survivors: list[int]  # container mode: processes of the student's user still there after they were killed
     worker: str  # the Dask worker that graded it
     crash: str  # why nothing was graded (the worker died, timed out, or could not seal)
@@ -108,6 +110,8 @@ class RunOutcome:
     isolation: str = "bubblewrap"
     survivors: list[int] = field(default_factory=list)
     oracle_calls: int = 0
+    seal_how: str = ""  # the way within the isolation (autograder/pipeline/seals.py): forked, a fresh sandbox
+    seal: dict[str, str] = field(default_factory=dict)  # what the runner said of its seal before the first cell
 
     @property
     def cells(self) -> list[dict]:

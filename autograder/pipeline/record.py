@@ -207,6 +207,7 @@ def write_result(course: Course, gb: Gradebook, task: Task, result: WorkerResult
                 problems.append(problem("reference_used", f"{item}: {data['reference_used']}", f"test_{item}"))
         record["cells"] = result["cells"]
         record["items"] = result.get("items", {})
+        record["sealed"] = str(result.get("seal", {}).get("how", ""))[:400]  # how (autograder/pipeline/seals.py)
         record["seconds"] = round(result["seconds"], 2)
     if unverified:
         problems.append(problem("unverified", "graded with --unsafe-no-sandbox: the submission's code ran "

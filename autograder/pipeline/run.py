@@ -11,11 +11,8 @@ is handed to the judge as a :class:`~autograder.pipeline.handoffs.RunOutcome`.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import select
-import signal
 import socket
 import subprocess
 import time
@@ -26,18 +23,16 @@ import torch
 from course_lib.grading import get_spec
 from course_lib.grading.wire import WireLimits
 
-from ..course.problems import problem
-from ..doors.outbound import clean_text
 from ..inside.cells import is_test_cell, nbgrader_meta
 from ..inside.channel import MAX_FRAME, Channel, FrameReader, ProtocolError
-from ..sealing import container, isolation, sandbox
+from ..sealing import isolation, sandbox
+from ..sealing.zygote import Zygote
 from .handoffs import Ending, Job, RunOutcome
 from .run_protocol import Conversation
 from .run_transcript import Transcript
+from .seals import RUNNER, Seal, seal_for
 
 __all__ = ["run_notebook", "Supervisor", "RUNNER", "known_item"]
-
-RUNNER = Path(__file__).resolve().parents[1] / "inside" / "notebook_runner.py"  # its folder is all the sandbox sees of autograder/
 
 GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
 STARVED_MAX = 60.0  # at most this much more for a sandbox kept waiting for a CPU meanwhile (a busy machine)
@@ -49,11 +44,14 @@ MAX_FILES_MB = 100
 STRICT = WireLimits(max_bytes=MAX_FRAME, max_header=4 * 2**20, max_nodes=200_000)  # what the sandbox may send
 
 
-def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int) -> RunOutcome:
+def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int, zygote: Zygote | None = None,
+                 why_not_zygote: str = "") -> RunOutcome:
     """Run ``job``'s notebook sealed off, served until it ends; everything it started is
     stopped before this returns. ``uid``: the bubblewrap sandbox's user when the grader is
-    root."""
-    supervisor = Supervisor(job, course_copy, job_dir, uid)
+    root; ``zygote``: the worker's, to fork the run from (bubblewrap as root), else a fresh
+    sandbox (``why_not_zygote`` says why, for the run's summary)."""
+    supervisor = Supervisor(job, course_copy, job_dir, uid, seal_for(isolation.resolve(job.get("isolation", "")),
+                                                                     zygote, why_not_zygote))
     try:
         supervisor.start()
         supervisor.serve()
@@ -73,7 +71,7 @@ def known_item(item: str) -> bool:
 class Supervisor:
     """One notebook's sealed process: started, watched (time, memory), served, stopped."""
 
-    def __init__(self, job: Job, course_copy: Path, job_dir: Path, uid: int) -> None:
+    def __init__(self, job: Job, course_copy: Path, job_dir: Path, uid: int, seal: Seal | None = None) -> None:
         self.job = job
         self.course_copy = course_copy
         self.job_dir = job_dir
@@ -89,12 +87,12 @@ class Supervisor:
                 self.tests[gid] = gid.removeprefix("test_")
                 test_cell.setdefault(gid.removeprefix("test_"), index)
         self.items = [i for i in self.tests.values() if known_item(i)]
-        self.process: subprocess.Popen | None = None
+        self.seal = seal or seal_for(isolation.resolve(job.get("isolation", "")), None)
+        self.process = None  # the sealed process's handle (autograder/pipeline/seals.py)
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
         # the cell whose limit has passed, its runner's run-queue delay then, the grace added since, when last read
         self._grace: tuple[int | None, float | None, float, float] = (None, None, 0.0, 0.0)
-        self.isolation = isolation.resolve(job.get("isolation", ""))
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
         self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device)
@@ -124,36 +122,18 @@ class Supervisor:
             files[rel] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
             if budget <= 0:
                 break
-        return {"type": "setup", "cells": cells, "files": files, "limits": self.limits.__dict__.copy()}
+        return {"type": "setup", "cells": cells, "files": files, "limits": self.limits.__dict__.copy(),
+                "syscall_filter": self.seal.syscall_filter}
 
     def start(self) -> None:
         parent, child = socket.socketpair()
         self.sock = parent
-        limits = self.limits
-        floor = (self.job.get("address_space_mb") or sandbox.python_address_space_mb()) if limits.memory_mb else 0
-        preexec = functools.partial(sandbox.apply_limits, limits, floor)
-        if self.isolation == "none":
-            argv = [os.sys.executable, "-s", str(RUNNER)]
-            env = _unsafe_env(self.course_copy, child.fileno(), self.job.get("threads", 1), self.job_dir)
-            cwd = self.job_dir / "work"
-            cwd.mkdir(parents=True, exist_ok=True)
-        elif self.isolation == "container":
-            user = container.ContainerUser(self.job["container_user"])
-            folders = container.make_job_dir(self.job_dir, user, RUNNER.parent)
-            argv, env = container.command(folders["runner"] / RUNNER.name, self.course_copy, folders, user,
-                                          child.fileno(), threads=self.job.get("threads", 1))
-            cwd = folders["home"]
-            preexec = functools.partial(container.preexec, limits, floor)
-        else:
-            argv = sandbox.command(RUNNER, self.course_copy, self.job_dir, self.limits, self.uid, child.fileno(),
-                                   gpu=self.job.get("gpu", False), threads=self.job.get("threads", 1))
-            env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, self.job_dir
-        log = open(self.job_dir / "sandbox.log", "wb")
-        self.process = subprocess.Popen(argv, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=log, env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec)
-        log.close()
-        child.close()
+        try:
+            self.process = self.seal.start(self, child)
+        finally:
+            child.close()
         Channel(parent).send(self._setup_message())
+        self.seal.attach(self.process, parent)
         self.conversation.sock = parent
 
     def stop(self) -> RunOutcome:
@@ -164,17 +144,13 @@ class Supervisor:
             try:
                 code = self.process.wait(timeout=2 if self.transcript.done else 0.1)
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                self.process.kill()
                 try:
                     self.process.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
                 code = None
-        if self.isolation == "container":  # no PID namespace: whatever the user started, wherever it went
-            self.clean_up_user()
+        self.seal.clean_up(self)
         if self.sock is not None:
             self.sock.close()
         run, talk = self.transcript, self.conversation
@@ -182,30 +158,12 @@ class Supervisor:
         talk.close()
         return RunOutcome(self.nb, self.tests, self.items, self.salts, str(self.device), talk.plans, talk.answers,
                           run.outputs, run.counts, run.ending or Ending.FINISHED, run.reason, run.ended_at,
-                          run.events, self.isolation, self.survivors, talk.oracle_calls)
-
-    def clean_up_user(self) -> None:
-        """Container mode: kill every process of the student's user and remove what it left
-        where every user may write. Whatever the student made, grading goes on: what could
-        not be done is a problem for the instructor (``cleanup``), never one of the student's."""
-        user = container.ContainerUser(self.job["container_user"])
-        try:
-            self.survivors = container.kill_user(user.uid)
-            removal = container.remove_user_files(user.uid, user.gid)
-            left = "" if removal.complete else removal.summary()
-        except Exception as exc:  # a fault of the grader's own
-            left = f"{type(exc).__name__}: {exc}"
-        if self.survivors:
-            left = f"processes {self.survivors} survived SIGKILL" + (f"; {left}" if left else "")
-        if left:
-            self.transcript.events.append(problem("cleanup", clean_text(f"what the notebook's code left could not "
-                                                                        f"all be removed: {left}")[:2000]))
+                          run.events, self.seal.isolation, self.survivors, talk.oracle_calls, self.seal.how,
+                          talk.seal)
 
     def memory_mb(self) -> float:
         """Memory in use by all of the notebook's processes."""
-        if self.isolation == "container":  # a process that left the tree is still the user's
-            return container.user_memory_mb(int(self.job["container_user"]["uid"]))
-        return sandbox.tree_memory_mb(self.process.pid)
+        return self.seal.memory_mb(self.process, self)
 
     # -- serving --------------------------------------------------------------
     def serve(self) -> None:
@@ -278,11 +236,11 @@ class Supervisor:
         the grace itself). Read at most twice a second; 0 where the kernel does not say."""
         cell, at_limit, extra, read_at = self._grace
         if cell != run.current:
-            waited = sandbox.run_queue_seconds(self.process.pid)
+            waited = sandbox.run_queue_seconds(self.process.pid) if self.process.pid else None
             self._grace = (run.current, waited, 0.0, now)
             return 0.0
         if at_limit is not None and now - read_at >= 0.5:
-            waited = sandbox.run_queue_seconds(self.process.pid)
+            waited = sandbox.run_queue_seconds(self.process.pid) if self.process.pid else None
             extra = min(STARVED_MAX, max(extra, waited - at_limit)) if waited is not None else extra
             self._grace = (cell, at_limit, extra, now)
         return extra
@@ -294,15 +252,3 @@ class Supervisor:
             return True
         except subprocess.TimeoutExpired:
             return False
-
-
-def _unsafe_env(course_copy: Path, fd: int, threads: int, job_dir: Path) -> dict[str, str]:
-    home = job_dir / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    runner_dir = str(RUNNER.parent)
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(job_dir),
-            "LANG": "C.UTF-8", "PYTHONPATH": f"{course_copy}:{runner_dir}", "PYTHONNOUSERSITE": "1",
-            "PYTHONDONTWRITEBYTECODE": "1", "WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde",
-            "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(job_dir / "mpl"), "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads), "WORKBOOK_CHANNEL_FD": str(fd),
-            "CUDA_VISIBLE_DEVICES": ""}

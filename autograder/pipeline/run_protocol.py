@@ -27,6 +27,7 @@ from ..course.problems import problem
 from ..inside.cells import is_test_cell, nbgrader_meta
 from ..inside.channel import Channel, ProtocolError
 from ..sealing.course_copy import reference_targets
+from ..sealing.sandbox import SandboxUnavailable
 from .handoffs import Ending
 from .reference_oracle import Oracle
 from .run_transcript import Transcript
@@ -58,6 +59,7 @@ class Conversation:
         self.open_items: set[str] = set()
         self.requested: set[str] = set()
         self.visible_plans: dict[str, Any] = {}
+        self.seal: dict[str, str] = {}  # the seal as the runner found it (its first hello, before any cell)
 
     def handle(self, message: dict) -> None:
         run = self.transcript
@@ -99,13 +101,25 @@ class Conversation:
         elif kind == "done":
             run.done = True
         elif kind == "hello":
-            pass
+            self.hello(message)
         elif kind == "truncated":  # the runner dropped output before sending it
             index = message.get("index")
             if index == run.current and index is not None and index not in run.truncated:
                 run.truncate(index)
         else:
             raise ProtocolError(f"unknown message {kind[:40]!r}")
+
+    def hello(self, message: dict) -> None:
+        """The runner's first message, sent before any of the student's code runs: how it
+        sealed itself (autograder/inside/lockdown.py). A run that could not install the syscall
+        filter it was required to is the grader's failure, not the student's (the runner ran no
+        cell). Later hellos come from the student's code: ignored."""
+        if self.seal:
+            return
+        seal = message.get("seal")
+        self.seal = {str(k)[:40]: str(v)[:1000] for k, v in seal.items()} if isinstance(seal, dict) else {"": ""}
+        if self.seal.get("syscall_filter") == "failed" and self.seal.get("required") == "True":
+            raise SandboxUnavailable(f"the sandbox could not install its syscall filter: {self.seal.get('error')}")
 
     def reply(self, message: dict) -> None:
         """Send a reply; a runner that stops reading cannot block the grader."""

@@ -24,12 +24,15 @@ from __future__ import annotations
 import ast
 import compileall
 import hashlib
+import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["build_course_copy", "reference_targets", "ORACLE_MODULE"]
+__all__ = ["build_course_copy", "build_font_cache", "reference_targets", "ORACLE_MODULE"]
 
 ORACLE_MODULE = "_grading_oracle"
 
@@ -107,10 +110,30 @@ def build_course_copy(dest: Path, items: Iterable[str], source: Path | None = No
         path.write_text(ast.unparse(ast.fix_missing_locations(tree)) + "\n")
     # compiled here, once, so that no run compiles it again (the sandbox writes no bytecode)
     compileall.compile_dir(str(target), quiet=2)
+    build_font_cache(dest / "matplotlib")
     # make it world-readable (the sandbox may run as another user)
-    for p in [target, *target.rglob("*")]:
+    for p in [dest, *dest.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return dest
+
+
+def build_font_cache(folder: Path) -> Path | None:
+    """matplotlib's font list (``fontlist-v*.json``) built once into ``folder``, by a Python of
+    this environment that sees the fonts a sealed run sees (the system's and matplotlib's own:
+    its home is an empty folder); the seal mounts it read-only (autograder/sealing/sandbox.py), so
+    that no sealed run lists the system's fonts again (``fc-list``, half a CPU-second). None when
+    matplotlib could not build one (each run then builds its own)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as home:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "MPLCONFIGDIR": str(folder),
+               "MPLBACKEND": "Agg", "LANG": "C.UTF-8"}
+        try:
+            subprocess.run([sys.executable, "-s", "-c", "import matplotlib.font_manager"], env=env, cwd=home,
+                           capture_output=True, timeout=300, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    found = sorted(folder.glob("fontlist-*.json"))
+    return found[-1] if found else None
 
 
 def fingerprint(path: Path) -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 __all__ = ["Limits", "SandboxUnavailable", "check_available", "command", "apply_limits", "tree_memory_mb",
            "python_address_space_mb",
-           "process_tree", "SANDBOX_UID_BASE",
+           "process_tree", "SANDBOX_UID_BASE", "zygote_command",
            "RUNNER_DIR", "COURSE_DIR", "WORK_DIR"]
 
 MB = 2**20
@@ -44,6 +44,7 @@ SANDBOX_UID_BASE = 100_000  # sandbox users (grader running as root) start here
 RUNNER_DIR = "/opt/workbook"  # where autograder/inside/ (the runner and its modules) is mounted
 COURSE_DIR = "/opt/course"  # where the filtered course_lib is mounted
 WORK_DIR = "/home/student"  # the submission's working directory (and HOME)
+MPL_DIR = "/tmp/matplotlib"  # MPLCONFIGDIR: matplotlib's font list, read-only, in a writable folder
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,16 @@ def python_address_space_mb() -> int:
         return 4096  # cannot tell: as much as the largest build needs
 
 
+RUNNER_MAPS_MB = 1024  # what the runner may map beyond a fresh Python with torch before its first cell (IPython,
+#                        its threads): the runner then limits itself to ``memory_mb`` on top of what it maps
+
+
 def apply_limits(limits: Limits, address_space_mb: int = 0) -> None:
     """Limit this process and everything it starts (inherited, and not raisable without
     privileges): address space (``limits.memory_mb`` on top of ``address_space_mb``, what the
-    Python installation maps: :func:`python_address_space_mb`), processes, file size, open
-    files, no core dumps."""
+    Python installation maps: :func:`python_address_space_mb`, and :data:`RUNNER_MAPS_MB`: a cap
+    until the runner sets its own, ``memory_mb`` on top of what it maps at the first cell),
+    processes, file size, open files, no core dumps."""
     def cap(kind: int, value: int) -> None:
         soft, hard = resource.getrlimit(kind)
         if hard != resource.RLIM_INFINITY:
@@ -108,7 +114,7 @@ def apply_limits(limits: Limits, address_space_mb: int = 0) -> None:
         resource.setrlimit(kind, (value, value))
 
     if limits.memory_mb:
-        cap(resource.RLIMIT_AS, (limits.memory_mb + address_space_mb) * MB)
+        cap(resource.RLIMIT_AS, (limits.memory_mb + address_space_mb + RUNNER_MAPS_MB) * MB)
     cap(resource.RLIMIT_FSIZE, limits.file_mb * MB)
     cap(resource.RLIMIT_NOFILE, limits.max_open_files)
     cap(resource.RLIMIT_CORE, 0)
@@ -216,6 +222,11 @@ def check_available() -> str:
             "Install it with `sudo apt-get install bubblewrap` (Debian/Ubuntu; `dnf install bubblewrap` on "
             "Fedora), or run `make sandbox`. To grade without it, pass --unsafe-no-sandbox (grades are then "
             "marked unverified).")
+    from ..inside import lockdown
+    try:
+        lockdown.build_filter()
+    except lockdown.SealError as exc:
+        raise SandboxUnavailable(f"the sandbox's syscall filter cannot be built here: {exc}") from None
     if os.geteuid() == 0 and not shutil.which("setpriv"):
         raise SandboxUnavailable("running as root, the sandbox drops to an unprivileged user with `setpriv` "
                                  "(util-linux), which is not installed.")
@@ -290,17 +301,10 @@ def python_paths() -> list[Path]:
     return out
 
 
-def command(runner: Path, course_copy: Path, job_dir: Path, limits: Limits, uid: int, channel_fd: int,
-            gpu: bool = False, threads: int = 1) -> list[str]:
-    """The ``bwrap`` command line that runs ``runner`` (autograder/inside/notebook_runner.py) sealed off;
-    its folder, autograder/inside/, is all of the autograder the sandbox sees.
-
-    ``uid`` is the user the sandbox runs as when the grader is root (one per concurrent
-    sandbox; otherwise the sandbox keeps the grader's own user, in a user namespace).
-    ``course_copy`` holds the filtered ``course_lib`` folder; ``job_dir`` is a private
-    folder of the grader's (two small files are written there: the sandbox's
-    ``/etc/passwd`` and ``/etc/group``); ``channel_fd`` is the socket the runner talks
-    to the grader on (kept open across ``bwrap``)."""
+def _sealed_args(runner_dir: Path, course_copy: Path, job_dir: Path, limits: Limits, uid: int, gpu: bool,
+                 threads: int, fd_variable: str, fd: int) -> list[str]:
+    """bubblewrap's arguments up to the command: the namespaces, the mounts and the
+    environment of a sealed process (the runner, or a zygote: :mod:`autograder.sealing.zygote`)."""
     bwrap = check_available()
     as_root = os.geteuid() == 0
     uid = uid if as_root else os.getuid()
@@ -314,9 +318,10 @@ def command(runner: Path, course_copy: Path, job_dir: Path, limits: Limits, uid:
             *_system_binds(), *_ro_binds(python_paths()),
             "--ro-bind", str(job_dir / "passwd"), "/etc/passwd", "--ro-bind", str(job_dir / "group"), "/etc/group",
             "--perms", "0755", "--dir", "/opt",
-            "--ro-bind", str(runner.parent), RUNNER_DIR,
+            "--ro-bind", str(runner_dir), RUNNER_DIR,
             "--ro-bind", str(course_copy), COURSE_DIR,
             "--proc", "/proc", "--dev", "/dev",
+            *_font_cache_binds(course_copy),
             "--chdir", WORK_DIR]
     if gpu:
         for dev in sorted(Path("/dev").glob("nvidia*")):
@@ -330,16 +335,54 @@ def command(runner: Path, course_copy: Path, job_dir: Path, limits: Limits, uid:
         "PYTHONPATH": f"{COURSE_DIR}:{RUNNER_DIR}", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",
         "WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde", "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": "/tmp/matplotlib",
+        "MPLCONFIGDIR": MPL_DIR,
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
-        "WORKBOOK_CHANNEL_FD": str(channel_fd),
+        fd_variable: str(fd),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0") if gpu else "",
     }
     args += ["--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
+    return args
+
+
+def _font_cache_binds(course_copy: Path) -> list[str]:
+    """matplotlib's font list, built once with the course copy
+    (:func:`autograder.sealing.course_copy.build_font_cache`), read-only in a writable
+    ``MPLCONFIGDIR``: no sealed process runs ``fc-list`` or builds it again."""
+    args = ["--perms", "1777", "--dir", MPL_DIR]
+    for cache in sorted((course_copy / "matplotlib").glob("fontlist-*.json")):
+        args += ["--ro-bind", str(cache), f"{MPL_DIR}/{cache.name}"]
+    return args
+
+
+def command(runner: Path, course_copy: Path, job_dir: Path, limits: Limits, uid: int, channel_fd: int,
+            gpu: bool = False, threads: int = 1) -> list[str]:
+    """The ``bwrap`` command line that runs ``runner`` (autograder/inside/notebook_runner.py) sealed off;
+    its folder, autograder/inside/, is all of the autograder the sandbox sees.
+
+    ``uid`` is the user the sandbox runs as when the grader is root (one per concurrent
+    sandbox; otherwise the sandbox keeps the grader's own user, in a user namespace).
+    ``course_copy`` holds the filtered ``course_lib`` folder; ``job_dir`` is a private
+    folder of the grader's (two small files are written there: the sandbox's
+    ``/etc/passwd`` and ``/etc/group``); ``channel_fd`` is the socket the runner talks
+    to the grader on (kept open across ``bwrap``)."""
+    args = _sealed_args(runner.parent, course_copy, job_dir, limits, uid, gpu, threads, "WORKBOOK_CHANNEL_FD",
+                        channel_fd)
     command_line = [sys.executable, "-s", str(Path(RUNNER_DIR) / runner.name)]
-    if as_root:
+    if os.geteuid() == 0:
         command_line = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
                         "--inh-caps=-all", "--bounding-set=-all", "--", *command_line]
     return [*args, *command_line]
+
+
+def zygote_command(zygote: Path, course_copy: Path, folder: Path, limits: Limits, uid: int, control_fd: int,
+                   threads: int = 1) -> list[str]:
+    """The ``bwrap`` command line of a zygote (autograder/inside/zygote.py): the same seal as
+    :func:`command`'s, as root inside it (it mounts each child's folders and drops each child
+    to ``uid``); ``control_fd`` is its socket to the grader. The grader must be root."""
+    if os.geteuid() != 0:
+        raise SandboxUnavailable("a zygote needs the grader to run as root")
+    args = _sealed_args(zygote.parent, course_copy, folder, limits, uid, False, threads, "WORKBOOK_ZYGOTE_FD",
+                        control_fd)
+    return [*args, sys.executable, "-s", str(Path(RUNNER_DIR) / zygote.name)]

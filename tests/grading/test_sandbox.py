@@ -1,6 +1,8 @@
 """The sandbox one submission runs in, seen from inside: one notebook of probes graded by
 the real supervisor (bubblewrap, the runner, the plan and the judgement), then checked
-from outside. The class-level attacks are in tests/grading/test_hostile_class.py."""
+from outside, both ways a notebook is sealed (a fresh sandbox; as root, also a child forked from
+a pre-imported zygote). What one run could leave for the next is in tests/grading/test_seal.py,
+the class-level attacks in tests/grading/test_hostile_class.py."""
 
 from __future__ import annotations
 
@@ -17,10 +19,27 @@ import pytest
 
 from autograder.sealing import sandbox
 from autograder.sealing.course_copy import build_course_copy
+from autograder.sealing.zygote import Zygotes
 from autograder.pipeline.worker import grade_notebook
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
+
+# the ways a notebook is sealed here: a child of a zygote needs the grader to be root
+WAYS = ["fresh"] + (["zygote"] if os.geteuid() == 0 else [])
+
+
+@pytest.fixture(scope="module")
+def zygotes(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("zygotes")
+    folder.chmod(0o711)
+    kept = Zygotes(folder)
+    yield kept
+    kept.close()
+
+
+def _sealed(way: str, zygotes: Zygotes) -> Zygotes | None:
+    return zygotes if way == "zygote" else None
 
 MARKER = "SANDBOX-PROBE-DAEMON-7f3a"
 
@@ -87,8 +106,8 @@ print("FACTS " + json.dumps(facts))
 '''
 
 
-@pytest.fixture(scope="module")
-def probed(tmp_path_factory):
+@pytest.fixture(scope="module", params=WAYS)
+def probed(request, tmp_path_factory, zygotes):
     sandbox.check_available()
     tmp = tmp_path_factory.mktemp("sandbox")
     server = socket.socket()
@@ -110,9 +129,10 @@ def probed(tmp_path_factory):
     job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {"causal_mask": 99},
            "extra_files": []}
     try:
-        result = grade_notebook(job, copy, tmp / "job")
+        result = grade_notebook(job, copy, tmp / "job", zygotes=_sealed(request.param, zygotes))
     finally:
         server.close()
+    assert result["seal"]["how"].startswith("forked" if request.param == "zygote" else "a fresh sandbox")
     out = json.loads(result["notebook"])["cells"][2]["outputs"]
     text = "".join(o.get("text", "") for o in out)
     facts = json.loads(text.split("FACTS ", 1)[1].splitlines()[0]) if "FACTS " in text else {"outputs": out}
@@ -139,7 +159,7 @@ def test_the_sandbox_sees_nothing_of_the_course_and_no_network(probed):
 
 def test_the_sandbox_caps_disk_processes_and_memory(probed):
     _, facts = probed
-    assert facts["written_mb"] < 64
+    assert facts["written_mb"] <= 64  # the working folder is a 64 MB tmpfs (disk_mb)
     assert facts["forked"] < 24
     assert facts["memory_hog"] == "MemoryError"
 
@@ -174,7 +194,8 @@ def test_the_cli_refuses_without_a_sandbox_and_names_the_escape_hatch(tmp_path):
 
 
 @pytest.mark.timeout(600)  # a guard against a grader that never returns, not a measure of its speed
-def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_path):
+@pytest.mark.parametrize("way", WAYS)
+def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_path, way, zygotes):
     """A cell that ignores interrupts and keeps the grader's socket busy with messages is
     stopped at the notebook's time limit (the deadlines are checked on every message): the
     grader records that it stopped the notebook there, before the flood would have ended by
@@ -194,7 +215,7 @@ def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_pat
     # the notebook's limit (10 s from the start) comes before the cell's (5 s + the grace, from the cell's start)
     limits = sandbox.Limits(cell_timeout=5, notebook_timeout=10, memory_mb=2048)
     job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {}, "extra_files": []}
-    result = grade_notebook(job, copy, tmp_path / "job")
+    result = grade_notebook(job, copy, tmp_path / "job", zygotes=_sealed(way, zygotes))
     stopped = [p for p in result["problems"] if p["kind"] == "notebook_timeout"]
     assert stopped and "the notebook time limit (10 s) was reached" in stopped[0]["message"], result["problems"]
     outputs = nbformat.reads(result["notebook"], as_version=4).cells[0].outputs
@@ -264,16 +285,18 @@ while True:
 '''
 
 
-def _graded(tmp_path: Path, name: str, sources: list[str], limits: sandbox.Limits) -> tuple[dict, list]:
+def _graded(tmp_path: Path, name: str, sources: list[str], limits: sandbox.Limits,
+            zygotes: Zygotes | None = None) -> tuple[dict, list]:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
     copy = build_course_copy(tmp_path / name / "course", [])
     job = {"notebook": nbformat.writes(nb), "limits": limits.__dict__.copy(), "salts": {}, "extra_files": []}
-    result = grade_notebook(job, copy, tmp_path / name / "job")
+    result = grade_notebook(job, copy, tmp_path / name / "job", zygotes=zygotes)
     return result, nbformat.reads(result["notebook"], as_version=4).cells
 
 
 @pytest.mark.timeout(600)  # a guard against a grader that never returns, not a measure of its speed
-def test_a_cell_kept_off_the_cpu_after_its_limit_still_gets_its_grace(tmp_path, monkeypatch):
+@pytest.mark.parametrize("way", WAYS)
+def test_a_cell_kept_off_the_cpu_after_its_limit_still_gets_its_grace(tmp_path, monkeypatch, way, zygotes):
     """A busy grading machine can keep a sandbox waiting for a CPU right when its cell's limit
     passes: the interrupt is then handled late, through no fault of the student's. The grace
     (here 1 s) grows by the time the runner waited for a CPU, so the cell ends as interrupted and
@@ -283,13 +306,15 @@ def test_a_cell_kept_off_the_cpu_after_its_limit_still_gets_its_grace(tmp_path, 
     from autograder.pipeline import run
     monkeypatch.setattr(run, "GRACE", 1.0)
     limits = sandbox.Limits(cell_timeout=2, notebook_timeout=150, memory_mb=2048)
-    result, cells = _graded(tmp_path, "starved", [STARVED, "print('the next cell ran')"], limits)
+    result, cells = _graded(tmp_path, "starved", [STARVED, "print('the next cell ran')"], limits,
+                            _sealed(way, zygotes))
     kinds = [(p["kind"], p["message"]) for p in result["problems"]]
     assert any(k == "cell_timeout" and "was interrupted" in m for k, m in kinds), kinds
     assert not any("did not stop when interrupted" in m for _, m in kinds), kinds
     assert "the next cell ran" in "".join(o.get("text", "") for o in cells[1].outputs), kinds
 
-    result, cells = _graded(tmp_path, "swallows", [SWALLOWS, "print('the next cell ran')"], limits)
+    result, cells = _graded(tmp_path, "swallows", [SWALLOWS, "print('the next cell ran')"], limits,
+                            _sealed(way, zygotes))
     stopped = [p for p in result["problems"] if p["kind"] == "cell_timeout"]
     assert stopped and "did not stop when interrupted" in stopped[0]["message"], result["problems"]
     assert not any(p["kind"] == "notebook_timeout" for p in result["problems"]), result["problems"]

@@ -230,9 +230,11 @@ def test_the_attribute_check_finds_a_private_name_reached():
 
 def test_the_inside_package_imports_nothing_of_the_trusted_side():
     """What runs with the student's code may import the standard library, torch, IPython,
-    course_lib (the sandbox's filtered copy) and its own sibling modules, nothing else."""
+    course_lib (the sandbox's filtered copy), libseccomp's binding (the seal's syscall filter) and
+    its own sibling modules, nothing else."""
     siblings = {p.stem for p in INSIDE.glob("*.py")}
-    allowed_roots = {"torch", "numpy", "IPython", "traitlets", "course_lib", "matplotlib", "workbook_runner"} | siblings
+    allowed_roots = {"torch", "numpy", "IPython", "traitlets", "course_lib", "matplotlib", "workbook_runner",
+                     "pyseccomp"} | siblings
     stdlib = set(sys.stdlib_module_names)
     wrong = []
     for path in sorted(INSIDE.glob("*.py")):

@@ -1,0 +1,202 @@
+"""How one notebook's sealed process is started, one class per way (:func:`seal_for` chooses):
+
+- :class:`Forked`: a child of the worker's zygote (autograder/sealing/zygote.py), bubblewrap
+  as root: a fraction of a CPU-second to start and end;
+- :class:`FreshSandbox`: a bubblewrap sandbox of its own (a grader without root, a GPU run, or
+  where the zygote could not start);
+- :class:`Contained`: container mode, the student's code as another Unix user
+  (autograder/sealing/container.py);
+- :class:`Unsealed`: ``--unsafe-no-sandbox``.
+
+Each gives the run a handle with what the supervisor needs of the process (autograder/pipeline/run.py):
+``pid`` (the runner's tree, for its wait for a CPU), ``wait(timeout)``, ``kill()``, and says how
+the run's memory is counted and what to clean up after it. ``syscall_filter`` is what the runner
+is asked to do with the seccomp filter (autograder/inside/lockdown.py): required in bubblewrap,
+where the kernel allows it in container mode, not at all unsealed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from ..course.problems import problem
+from ..doors.outbound import clean_text
+from ..sealing import container, sandbox
+from ..sealing.zygote import Child, Zygote
+from .handoffs import Job
+from .run_transcript import Transcript
+
+__all__ = ["Seal", "Forked", "FreshSandbox", "Contained", "Unsealed", "Started", "seal_for", "RUNNER"]
+
+RUNNER = Path(__file__).resolve().parents[1] / "inside" / "notebook_runner.py"  # its folder is all the sandbox sees of autograder/
+
+
+class Started:
+    """A sealed process started here (bubblewrap, setpriv or Python itself), as a handle: its
+    process group is killed as a whole."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self.pid: int | None = process.pid
+        self.memory_root = process.pid
+
+    def wait(self, timeout: float) -> int | None:
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Supervisor(Protocol):
+    """What a seal needs of the run it starts (autograder/pipeline/run.py's ``Supervisor``)."""
+
+    job: Job
+    job_dir: Path
+    course_copy: Path
+    uid: int
+    limits: sandbox.Limits
+    sock: socket.socket | None
+    transcript: Transcript
+    survivors: list[int]
+
+
+class Seal:
+    """One way of sealing a notebook off (the run's ``isolation`` is :attr:`isolation`)."""
+
+    isolation = "bubblewrap"
+    how = ""  # the way within it, for the run's summary
+    syscall_filter = "required"
+
+    def start(self, run: Supervisor, channel: socket.socket) -> Started | Child:
+        raise NotImplementedError
+
+    def attach(self, handle: Started | Child, sock: socket.socket) -> None:
+        """Once the set-up message is sent: whatever the handle must learn from the runner."""
+
+    def memory_mb(self, handle: Started | Child, run: Supervisor) -> float:
+        return sandbox.tree_memory_mb(handle.memory_root)
+
+    def clean_up(self, run: Supervisor) -> None:
+        """After the process is gone: what it left outside its seal."""
+
+    def _popen(self, run: Supervisor, argv: list[str], env: dict, cwd: Path, channel: socket.socket,
+               preexec) -> Started:
+        log = open(run.job_dir / "sandbox.log", "wb")
+        try:
+            process = subprocess.Popen(argv, pass_fds=(channel.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=log, env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec)
+        finally:
+            log.close()
+        return Started(process)
+
+
+def _floor(run: Supervisor) -> int:
+    if not run.limits.memory_mb:
+        return 0
+    return run.job.get("address_space_mb") or sandbox.python_address_space_mb()
+
+
+class FreshSandbox(Seal):
+    def __init__(self, why: str = "") -> None:
+        self.why = why  # why not a zygote's child
+        self.how = "a fresh sandbox per notebook" + (f" ({why})" if why else "")
+
+    def start(self, run: Supervisor, channel: socket.socket) -> Started:
+        argv = sandbox.command(RUNNER, run.course_copy, run.job_dir, run.limits, run.uid, channel.fileno(),
+                               gpu=run.job.get("gpu", False), threads=run.job.get("threads", 1))
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        return self._popen(run, argv, env, run.job_dir, channel,
+                           functools.partial(sandbox.apply_limits, run.limits, _floor(run)))
+
+
+class Forked(Seal):
+    how = "forked from a pre-imported zygote"
+
+    def __init__(self, zygote: Zygote) -> None:
+        self.zygote = zygote
+
+    def start(self, run: Supervisor, channel: socket.socket) -> Child:
+        run.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # before the child can send
+        with open(run.job_dir / "sandbox.log", "wb") as log:
+            return self.zygote.fork(run.job.get("job_id", "job"), run.limits, channel, log.fileno())
+
+    def attach(self, handle: Child, sock: socket.socket) -> None:
+        handle.attach(sock)
+
+    def memory_mb(self, handle: Child, run: Supervisor) -> float:
+        return sandbox.tree_memory_mb(handle.memory_root)
+
+
+class Contained(Seal):
+    isolation = "container"
+    how = "as the container's student user"
+    syscall_filter = "where_possible"
+
+    def start(self, run: Supervisor, channel: socket.socket) -> Started:
+        user = container.ContainerUser(run.job["container_user"])
+        folders = container.make_job_dir(run.job_dir, user, RUNNER.parent)
+        argv, env = container.command(folders["runner"] / RUNNER.name, run.course_copy, folders, user,
+                                      channel.fileno(), threads=run.job.get("threads", 1))
+        return self._popen(run, argv, env, folders["home"], channel,
+                           functools.partial(container.preexec, run.limits, _floor(run)))
+
+    def memory_mb(self, handle: Started, run: Supervisor) -> float:
+        return container.user_memory_mb(int(run.job["container_user"]["uid"]))  # a process that left the tree too
+
+    def clean_up(self, run: Supervisor) -> None:
+        """Kill every process of the student's user and remove what it left where every user
+        may write (no PID namespace here). Whatever the student made, grading goes on: what
+        could not be done is a problem for the instructor (``cleanup``), never the student's."""
+        user = container.ContainerUser(run.job["container_user"])
+        try:
+            run.survivors = container.kill_user(user.uid)
+            removal = container.remove_user_files(user.uid, user.gid)
+            left = "" if removal.complete else removal.summary()
+        except Exception as exc:  # a fault of the grader's own
+            left = f"{type(exc).__name__}: {exc}"
+        if run.survivors:
+            left = f"processes {run.survivors} survived SIGKILL" + (f"; {left}" if left else "")
+        if left:
+            run.transcript.events.append(problem("cleanup", clean_text(f"what the notebook's code left could not "
+                                                                       f"all be removed: {left}")[:2000]))
+
+
+class Unsealed(Seal):
+    isolation = "none"
+    how = "without a seal"
+    syscall_filter = "off"
+
+    def start(self, run: Supervisor, channel: socket.socket) -> Started:
+        home = run.job_dir / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        cwd = run.job_dir / "work"
+        cwd.mkdir(parents=True, exist_ok=True)
+        threads = str(run.job.get("threads", 1))
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(run.job_dir),
+               "LANG": "C.UTF-8", "PYTHONPATH": f"{run.course_copy}:{RUNNER.parent}", "PYTHONNOUSERSITE": "1",
+               "PYTHONDONTWRITEBYTECODE": "1", "WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde",
+               "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(run.job_dir / "mpl"), "OMP_NUM_THREADS": threads,
+               "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
+               "WORKBOOK_CHANNEL_FD": str(channel.fileno()), "CUDA_VISIBLE_DEVICES": ""}
+        return self._popen(run, [sys.executable, "-s", str(RUNNER)], env, cwd, channel,
+                           functools.partial(sandbox.apply_limits, run.limits, _floor(run)))
+
+
+def seal_for(isolation: str, zygote: Zygote | None, why_not_zygote: str = "") -> Seal:
+    """The seal of a run with ``isolation`` (autograder/sealing/isolation.py), forked from
+    ``zygote`` where there is one."""
+    if isolation == "none":
+        return Unsealed()
+    if isolation == "container":
+        return Contained()
+    return Forked(zygote) if zygote is not None else FreshSandbox(why_not_zygote)
