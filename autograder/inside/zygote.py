@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -50,6 +51,7 @@ CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
 SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 MB = 2**20
 HOME = "/home/student"
@@ -75,7 +77,7 @@ def preload() -> dict:
     """Import what a graded notebook imports (no torch operation, no CUDA)."""
     started = time.monotonic()
     import torch
-    import numpy  # noqa: F401
+    import numpy.random  # noqa: F401  (not imported by numpy itself everywhere: reseeded in each child)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot  # (and the font list, from the course copy's cache)
@@ -210,12 +212,14 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
 
 
 def _fresh_mounts(limits: dict) -> None:
-    """Private mounts; fresh tmpfs on /tmp, the home and /dev/shm; a fresh /proc and devpts."""
+    """Private mounts; fresh tmpfs on /tmp, the home and /dev/shm (what the sandbox had mounted
+    inside them, read-only, kept: a virtual environment under /tmp, matplotlib's font list); a
+    fresh /proc and devpts."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     tmp = int(limits.get("tmp_mb", 256)) * MB
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp},mode=1777")
-    _mount("tmpfs", HOME, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(limits.get('disk_mb', 512)) * MB},mode=1777")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp},mode=1777")
+    _fresh_tmpfs("/tmp", f"size={tmp},mode=1777")
+    _fresh_tmpfs(HOME, f"size={int(limits.get('disk_mb', 512)) * MB},mode=1777")
+    _fresh_tmpfs("/dev/shm", f"size={tmp},mode=1777")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name in PROC_READ_ONLY:
         path = f"/proc/{name}"
@@ -223,6 +227,49 @@ def _fresh_mounts(limits: dict) -> None:
             _mount(path, path, None, MS_BIND | MS_REC)
             _mount(path, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+
+
+def _mount_points() -> list[str]:
+    """Every mount point of this mount namespace (/proc/self/mountinfo's fifth field, its octal
+    escapes decoded)."""
+    points = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            raw = line.split()[4]
+            points.append(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), raw).decode())
+    return points
+
+
+def _fresh_tmpfs(target: str, data: str) -> None:
+    """A new, empty tmpfs on ``target``, with the mounts that were inside it (the sandbox's
+    read-only binds) moved in again at their places, their folders as they were."""
+    inside = sorted({p for p in _mount_points() if p.startswith(target.rstrip("/") + "/")})
+    kept = [p for p in inside if not any(p.startswith(q + "/") for q in inside if q != p)]  # outermost
+    folders = {}  # every folder between target and a kept mount: its mode, to make it again
+    for point in kept:
+        parent = os.path.dirname(point)
+        while parent.startswith(target.rstrip("/") + "/"):
+            folders[parent] = os.stat(parent).st_mode & 0o7777
+            parent = os.path.dirname(parent)
+    stage = "/.workbook-kept"
+    if kept:
+        os.mkdir(stage, 0o700)
+    for i, point in enumerate(kept):
+        place = f"{stage}/{i}"
+        os.mkdir(place) if os.path.isdir(point) else open(place, "w").close()
+        _mount(point, place, None, MS_BIND | MS_REC)
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, data)
+    for folder in sorted(folders):
+        os.mkdir(folder)
+        os.chmod(folder, folders[folder])
+    for i, point in enumerate(kept):
+        place = f"{stage}/{i}"
+        os.mkdir(point) if os.path.isdir(place) else open(point, "w").close()
+        _mount(place, point, None, MS_BIND | MS_REC)  # (a bind of a read-only mount stays read-only)
+        _check(libc.umount2(place.encode(), MNT_DETACH), f"umount {place}")
+        os.rmdir(place) if os.path.isdir(place) else os.unlink(place)
+    if kept:
+        os.rmdir(stage)
 
 
 def _loopback_up() -> None:
@@ -297,7 +344,7 @@ def _reseed() -> None:
     seeded again from the kernel's entropy."""
     import random
 
-    import numpy
+    import numpy.random
     import torch
     random.seed()
     numpy.random.seed()

@@ -95,7 +95,9 @@ class Supervisor:
         self._grace: tuple[int | None, float | None, float, float] = (None, None, 0.0, 0.0)
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
-        self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device)
+        self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device,
+                                         on_ready=self._measure_baseline)
+        self.baseline_mb = 0.0  # what the processes used when the first cell was about to start
 
     # -- starting -----------------------------------------------------------
     def _setup_message(self) -> dict:
@@ -162,8 +164,15 @@ class Supervisor:
                           talk.seal)
 
     def memory_mb(self) -> float:
-        """Memory in use by all of the notebook's processes."""
-        return self.seal.memory_mb(self.process, self)
+        """Memory the notebook's processes use together beyond what they used when its first cell
+        was about to start (the runner, torch, IPython: the grader's, not the notebook's), as the
+        ``memory_mb`` limit counts it; for a child of a zygote, less the pages it may have copied
+        from its zygote by writing to them (a fresh process has them already)."""
+        used = self.seal.memory_mb(self.process, self) - self.baseline_mb - self.seal.slack_mb(self.process)
+        return max(0.0, used)
+
+    def _measure_baseline(self) -> None:
+        self.baseline_mb = self.seal.memory_mb(self.process, self)
 
     # -- serving --------------------------------------------------------------
     def serve(self) -> None:
@@ -183,8 +192,9 @@ class Supervisor:
                 next_memory_check = now + MEMORY_CHECK
                 used = self.memory_mb()
                 if used > self.limits.memory_mb:
-                    run.end(Ending.OUT_OF_MEMORY, f"the notebook's processes together used {used:.0f} MB, more "
-                                                  f"than the {self.limits.memory_mb} MB limit, and were stopped",
+                    run.end(Ending.OUT_OF_MEMORY, f"the notebook's processes together used {used:.0f} MB (beyond "
+                                                  "the grader's own, at the first cell), more than the "
+                                                  f"{self.limits.memory_mb} MB limit, and were stopped",
                             run.current, "memory")
                     return
             # the deadlines are checked on every turn: a sandbox that never stops sending

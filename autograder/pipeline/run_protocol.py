@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -43,8 +43,10 @@ class Conversation:
     unknown kind, and when the runner does not read its replies."""
 
     def __init__(self, transcript: Transcript, tests: dict[str, str], items: list[str], test_cell: dict[str, int],
-                 salts: dict[str, int], device: torch.device) -> None:
+                 salts: dict[str, int], device: torch.device, on_ready: Callable[[], None] = lambda: None) -> None:
         self.sock: socket.socket | None = None
+        self.on_ready = on_ready  # called once, when the runner is about to run the first cell
+        self.ready = False
         self.transcript = transcript
         self.tests = tests  # grade_id -> item
         self.items = items
@@ -102,6 +104,11 @@ class Conversation:
             run.done = True
         elif kind == "hello":
             self.hello(message)
+        elif kind == "ready":  # sent once by the runner before the first cell; later ones are the notebook's
+            if not self.ready and run.current is None and run.last_cell < 0:
+                self.ready = True
+                self.on_ready()
+                self.reply({"type": "go"})
         elif kind == "truncated":  # the runner dropped output before sending it
             index = message.get("index")
             if index == run.current and index is not None and index not in run.truncated:

@@ -86,6 +86,10 @@ class Seal:
     def memory_mb(self, handle: Started | Child, run: Supervisor) -> float:
         return sandbox.tree_memory_mb(handle.memory_root)
 
+    def slack_mb(self, handle: Started | Child) -> float:
+        """Memory the run may come to use that a fresh process would not (none but a forked one's)."""
+        return 0.0
+
     def clean_up(self, run: Supervisor) -> None:
         """After the process is gone: what it left outside its seal."""
 
@@ -134,7 +138,12 @@ class Forked(Seal):
         handle.attach(sock)
 
     def memory_mb(self, handle: Child, run: Supervisor) -> float:
-        return sandbox.tree_memory_mb(handle.memory_root)
+        return sandbox.tree_memory_mb(handle.memory_root)  # the zygote's pages with the child's
+
+    def slack_mb(self, handle: Child) -> float:
+        """The zygote's anonymous memory: a page of it shared with the child becomes two when either
+        writes it (Python's reference counts do), which a fresh process would not pay for."""
+        return self.zygote.anonymous_mb
 
 
 class Contained(Seal):

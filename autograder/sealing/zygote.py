@@ -80,6 +80,7 @@ class Zygote:
             raise ZygoteFailed(f"the zygote said {str(ready)[:300]} instead of being ready")
         self.ready = ready  # what the zygote said of itself once it had imported everything
         self.imported_s = float(ready.get("seconds", 0.0))
+        self.anonymous_mb = _anonymous_mb(self.process.pid)  # read here, from the kernel
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -160,6 +161,8 @@ class Child:
             return False
         try:
             data, ancillary, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
+        except OSError:  # it ended first (its log says why); the run then ends as its process ended
+            return False
         finally:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
         creds = [d for level, kind, d in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS]
@@ -211,6 +214,21 @@ class Child:
         if self.init_fd is not None:
             os.close(self.init_fd)
             self.init_fd = None
+
+
+def _anonymous_mb(root: int) -> float:
+    """The anonymous resident memory (MB) of the Python processes under ``root``: the zygote's own
+    heap (its sandbox's other process, bubblewrap's, is not Python)."""
+    total = 0
+    for pid in sandbox.process_tree(root):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if fields.get("Name", "").strip().startswith("python"):
+            total += int(fields.get("RssAnon", "0 kB").split()[0])
+    return total / 1024
 
 
 def _parent(pid: int) -> int | None:
