@@ -863,6 +863,22 @@ while time.time() < end:
         pass
 '''
 
+KERNEL = r'''
+# @MARK@ the kernel's wider surface: namespaces, mounts, keyrings, tracing, BPF, io_uring
+import ctypes, errno, json, os, pyseccomp
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    done = libc.syscall(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name),
+                        *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    return "ok" if done >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+tried = {"unshare(CLONE_NEWUSER)": call("unshare", 0x10000000), "setns": call("setns", 0, 0),
+         "mount": call("mount", b"none", b"/tmp", b"tmpfs", 0, 0), "ptrace": call("ptrace", 0, 0, 0, 0),
+         "add_key": call("add_key", b"user", b"@MARK@", b"for the next student", 20, -4),
+         "keyctl": call("keyctl", 0, -4, 0), "bpf": call("bpf", 0, 0, 0), "io_uring_setup": call("io_uring_setup", 1, 0),
+         "process_vm_readv": call("process_vm_readv", 1, 0, 0, 0, 0, 0), "clone3": call("clone3", 0, 0)}
+print("KERNEL " + json.dumps(tried))
+'''
+
 # student -> (cell source, "before" the graded cells or at the "end", problem kinds it must cause,
 #             whether the notebook runs on to its end)
 SYSTEM_ATTACKS = {
@@ -882,6 +898,7 @@ SYSTEM_ATTACKS = {
     "h_sys_kill_parent": (KILL_PARENT, "end", {"kernel_died"}),
     "h_sys_kill_all": (KILL_ALL, "end", {"kernel_died"}),
     "h_sys_chatty": (CHATTY, "end", {"cell_timeout"}),
+    "h_sys_kernel": (KERNEL, "before", set()),
 }
 
 
@@ -1379,6 +1396,16 @@ def test_system_attack_is_recorded_with_its_kind(hostile, student):
     expected = SYSTEM_ATTACKS[student][2]
     assert expected <= kinds, f"{student}: problems {kinds}, expected {expected}"
     assert "worker_crash" not in kinds and "grader_error" not in kinds, (student, kinds)
+
+
+def test_the_kernel_refuses_the_system_attacker(hostile):
+    """A submission's code can make no namespace, mount, key, trace, BPF program or io_uring in
+    the seal (the syscall filter, autograder/inside/lockdown.py), in the class's own run."""
+    nb = nbformat.read(str(_autograded_path(hostile["course"], SYSTEM, "h_sys_kernel")), as_version=4)
+    out = "".join(text(c) for c in nb.cells if c.cell_type == "code" and "KERNEL " in text(c))
+    tried = json.loads(out.split("KERNEL ", 1)[1].splitlines()[0])
+    assert tried == {**dict.fromkeys(("unshare(CLONE_NEWUSER)", "setns", "mount", "ptrace", "add_key", "keyctl", "bpf",
+                                      "process_vm_readv"), "EPERM"), "io_uring_setup": "ENOSYS", "clone3": "ENOSYS"}
 
 
 def test_chatty_cell_is_stopped_at_its_time_limit(hostile):
