@@ -29,7 +29,7 @@ from typing import Callable
 
 from ..course import Course
 from ..sealing.isolation import seal
-from .dispatch import dispatch, warm_up
+from .dispatch import cool_down, dispatch, warm_up
 from .options import GradingOptions
 from .prepare import Batch
 from .record import Recorder, writing
@@ -60,6 +60,7 @@ def autograde_assignments(course: Course, assignments: list[str], options: Gradi
     user = seal(options.sealed_by(), course, options.container_user, options.one_at_a_time())
     warm_up(options)
     with ExitStack() as stack:
+        stack.callback(cool_down)
         batches: dict[str, Batch] = {}
         for assignment in assignments:
             batches[assignment] = Batch.start(course, assignment, options, user)

@@ -17,9 +17,9 @@ from ..sealing.sandbox import SANDBOX_UID_BASE, python_address_space_mb
 from ..sealing.zygote import zygote_possible
 from .handoffs import Job, WorkerResult
 from .options import GradingOptions
-from .pool import WorkerPool, start_early
+from .pool import WorkerPool, start_early, stop_fork_server
 
-__all__ = ["dispatch", "warm_up"]
+__all__ = ["dispatch", "warm_up", "cool_down"]
 
 WORKER = "autograder.pipeline.worker"  # what the local workers import (torch, the checks): imported when used
 
@@ -30,6 +30,11 @@ def warm_up(options: GradingOptions) -> None:
     Light to import: ``workbook autograde`` calls it before anything heavy."""
     if not options.scheduler and not options.in_process:
         start_early([WORKER])
+
+
+def cool_down() -> None:
+    """Stop what :func:`warm_up` started, where no pool did (nothing was left to grade)."""
+    stop_fork_server()
 
 
 def dispatch(course: Course, options: GradingOptions, jobs: list[Job],

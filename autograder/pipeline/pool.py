@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-__all__ = ["WorkerPool", "start_early"]
+__all__ = ["WorkerPool", "start_early", "stop_fork_server"]
 
 _CONTEXT = mp.get_context("forkserver")
 
@@ -41,7 +41,9 @@ def start_early(modules: Iterable[str]) -> None:
     forkserver.ensure_running()
 
 
-def _stop_fork_server() -> None:
+def stop_fork_server() -> None:
+    """Stop the fork server, if one runs (a pool stops it when it ends; so does a caller that
+    started it early and made no pool)."""
     from multiprocessing import forkserver
     stop = getattr(forkserver._forkserver, "_stop", None)  # (the standard library's own tests stop it so)
     if stop is not None:
@@ -146,7 +148,7 @@ class WorkerPool:
             w.process.join(max(0.1, deadline - time.monotonic()))
             w.kill()
         self.workers = []
-        _stop_fork_server()
+        stop_fork_server()
 
     def _replace(self, w: _Worker) -> None:
         w.kill()
