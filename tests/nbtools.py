@@ -428,6 +428,17 @@ def assert_reports_not_tracebacks(course: Course, assignment: str, student: str,
         assert not any(o.output_type == "error" for o in c.outputs), f"{student} {gid}"
 
 
+def assert_feedback_is_clean(course: Course, assignment: str, student: str) -> None:
+    """A correct student's feedback page shows the notebook's figures and no traceback or path
+    of the sandbox's: a cell that cannot run while the notebook is graded says so in one line."""
+    import html
+
+    page = html.unescape(course.feedback_html(student, assignment))
+    assert "Traceback (most recent call last)" not in page, page[page.find("Traceback (most recent"):][:3000]
+    assert "/opt/course" not in page and "/opt/workbook" not in page, page[page.find("/opt/") - 2000:][:3000]
+    assert "<img" in page, f"{student}: no figure on the page"
+
+
 def nbgrader_suite(assignment: str, submissions: dict[str, tuple], items: tuple[str, ...]):
     """The end-to-end grading tests every notebook gets. ``submissions[student]`` is
     ``(cells, points, fragments)``: the cells that differ from the correct answers
@@ -436,8 +447,8 @@ def nbgrader_suite(assignment: str, submissions: dict[str, tuple], items: tuple[
 
     The submissions join the session's graded class (one ``workbook autograde`` run for
     every notebook). Returns ``(graded, test_exact_scores, test_feedback_names_the_mistake,
-    test_a_correct_submission_has_no_problems)``: assign them to names of the test module
-    (``graded`` is the fixture ``(course, scores)``).
+    test_a_correct_submission_has_no_problems, test_a_correct_submissions_feedback_is_clean)``:
+    assign them to names of the test module (``graded`` is the fixture ``(course, scores)``).
     """
     import pytest
 
@@ -461,4 +472,9 @@ def nbgrader_suite(assignment: str, submissions: dict[str, tuple], items: tuple[
         problems = [p for n in report["notebooks"].values() for p in n["problems"]]
         assert problems == [], problems
 
-    return graded, test_exact_scores, test_feedback_names_the_mistake, test_a_correct_submission_has_no_problems
+    @pytest.mark.skipif("correct" not in submissions, reason="no correct submission in this suite")
+    def test_a_correct_submissions_feedback_is_clean(graded):
+        assert_feedback_is_clean(graded[0], assignment, "correct")
+
+    return (graded, test_exact_scores, test_feedback_names_the_mistake, test_a_correct_submission_has_no_problems,
+            test_a_correct_submissions_feedback_is_clean)

@@ -115,11 +115,22 @@ class Outputs:
                 return
             size = sum(len(str(v)) for v in (output.get("data") or {}).values()) + \
                 len(str(output.get("evalue", ""))) + sum(len(str(t)) for t in output.get("traceback", []))
-            if self._room(size) == size:
+            if any(str(k).startswith("image/") for k in (output.get("data") or {})):
+                # a figure counts against the notebook's outputs only (a cell's limit is for what
+                # it prints); one that does not fit is left out whole, with a line, and the cell goes on
+                if self.used + size <= self.notebook_cap:
+                    self.used += size
+                    self._send(output)
+                else:
+                    self._send({"output_type": "stream", "name": "stdout",
+                                "text": f"[a figure of {size // 1024} kB left out: the notebook's outputs passed "
+                                        "what the grader keeps]\n"})
+            elif self._room(size) == size:
                 self._send(output)
-            else:  # an output that does not fit whole is dropped (an image cut in half is no use)
+            else:  # an output that does not fit whole is dropped
                 self._send({"output_type": "stream", "name": "stdout",
-                            "text": f"... a {output.get('output_type')} output of {size} characters was dropped ...\n"})
+                            "text": f"[a {output.get('output_type')} output of {size // 1024} kB left out: the "
+                                    "cell's outputs passed what the grader keeps]\n"})
                 self._note()
 
 
@@ -233,7 +244,12 @@ def _make_shell():
     config.HistoryManager.enabled = False
     config.InteractiveShell.colors = "nocolor"
     config.InteractiveShell.xmode = "Context"
+    config.InlineBackend.rc = {"figure.dpi": 72}  # the figures are for the feedback page, which has a size limit
     shell = Shell.instance(config=config, displayhook_class=Hook, display_pub_class=Publisher)
+    try:  # figures shown as PNG images when a cell ends, as JupyterLab's kernel shows them
+        shell.enable_matplotlib("inline")
+    except Exception:  # (matplotlib or its inline backend missing: the cells run without their figures)
+        pass
     return shell
 
 
@@ -483,6 +499,14 @@ def oracle(name: str, args: tuple, kwargs: dict, grad_outputs=None):
     if grad_outputs is not None:
         message["grad_outputs"] = grad_outputs
     return _CHANNEL.request(message)
+
+
+def reference_source(name: str) -> dict:
+    """Ask the grader for course_lib's class ``name``, refused until its item has been graded
+    (autograder/inside/reference_stubs.py)."""
+    if _CHANNEL is None:
+        raise RuntimeError("the grader is not connected")
+    return _CHANNEL.request({"type": "reference_source", "name": name})
 
 
 if __name__ == "__main__":

@@ -118,18 +118,54 @@ def function(target, item):
     return stub
 
 
-def unavailable_class(target, item):
+class _ReferenceClass(type):
+    """The type of a graded class reference's stand-in: once the real class is loaded, its
+    instances count as the stand-in's (``isinstance`` in course_lib's own code keeps working)."""
+
+    def __instancecheck__(cls, obj):
+        real = cls.__dict__.get("_workbook_real")
+        return isinstance(obj, real) if real is not None else type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, other):
+        real = cls.__dict__.get("_workbook_real")
+        return issubclass(other, real) if real is not None else type.__subclasscheck__(cls, other)
+
+
+def _real_class(stand_in, target, item):
+    """course_lib's class ``target``, once the grader says its item has been graded: its source
+    (course_lib's own, public) run in its module, where the notebook's other graded references
+    are stand-ins still. Before that, :class:`ReferenceUnavailable`."""
+    import sys
+
+    import workbook_runner
+
+    real = stand_in.__dict__.get("_workbook_real")
+    if real is not None:
+        return real
+    module, _, qualname = target.partition(":")
+    reply = workbook_runner.reference_source(target)
+    if not reply.get("ok"):
+        error = ReferenceUnavailable(str(reply.get("text", "course_lib's reference is not available")))
+        error.refused_item = item
+        raise error
+    namespace = sys.modules[module].__dict__
+    exec(compile(str(reply["source"]), f"<course_lib {target}>", "exec"), namespace)
+    real = namespace[qualname]
+    stand_in._workbook_real = real
+    return real
+
+
+def reference_class(target, item):
+    """A stand-in for course_lib's class ``target`` (the reference for ``item``): refused (a
+    :class:`ReferenceUnavailable` that the cell does not count) until ``item`` has been graded,
+    then the real class (a later demonstration may build on it, as the notebook does)."""
     module, _, qualname = target.partition(":")
     name = qualname.rsplit(".", 1)[-1]
 
-    def __init__(self, *args, **kwargs):
-        error = ReferenceUnavailable(
-            f"course_lib's {name} (the reference for {item}) is not available while this notebook is "
-            "graded; this cell does not count towards the grade.")
-        error.refused_item = item
-        raise error
+    def __new__(cls, *args, **kwargs):
+        return _real_class(stand_in, target, item)(*args, **kwargs)
 
-    cls = type(name, (torch.nn.Module,), {"__init__": __init__, "__module__": module, "__qualname__": qualname,
-                                          "__workbook_reference__": target,
-                                          "__doc__": f"course_lib's {name}: not available while this notebook is graded."})
-    return cls
+    stand_in = _ReferenceClass(name, (torch.nn.Module,), {
+        "__new__": __new__, "__module__": module, "__qualname__": qualname, "__workbook_reference__": target,
+        "__doc__": f"course_lib's {name}: available once {item} has been graded, while this notebook is graded."})
+    return stand_in

@@ -12,6 +12,7 @@ refused until its item has been graded. Nothing the notebook sends is read as a 
 
 from __future__ import annotations
 
+import inspect
 import socket
 import time
 from typing import Any, Callable
@@ -96,6 +97,8 @@ class Conversation:
             self.visible_answers(message)
         elif kind == "oracle":
             self.reply({"type": "oracle_result", **self.ask_oracle(message)})
+        elif kind == "reference_source":
+            self.reply({"type": "reference_source", **self.reference_source(message)})
         elif kind == "exit":
             run.end(Ending.EXIT_CALLED, "the notebook called exit()",
                     message.get("index") if isinstance(message.get("index"), int) else run.current)
@@ -149,6 +152,22 @@ class Conversation:
         answer = self.oracle.ask(message, refused)
         self.oracle_calls = self.oracle.calls
         return answer
+
+    def reference_source(self, message: dict) -> dict:
+        """The source of course_lib's class reference a stand-in asks for, once its item has
+        been graded (course_lib's own code, public: the item's points are decided already, and
+        the notebook's other references in that code are stand-ins still); refused before."""
+        name = message.get("name")
+        targets = reference_targets(self.items)
+        if not isinstance(name, str) or name not in targets or not isinstance(targets[name][0], type):
+            return {"ok": False, "text": "that is not one of this notebook's class references"}
+        reference, item = targets[name]
+        if item in self.not_yet_graded():
+            return {"ok": False, "item": item,
+                    "text": f"course_lib's {reference.__name__} (the reference for {item}) is not available "
+                            f"before {item} has been graded (after its test cell): {item} must be your own code; "
+                            "this cell does not count towards the grade."}
+        return {"ok": True, "source": inspect.getsource(reference)}
 
     def close(self) -> None:
         """Stop the oracle's process, if one started."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..course.problems import problem
-from ..doors.outbound import clean_output, clean_text
+from ..doors.outbound import IMAGE_TYPES, clean_output, clean_text
 from ..inside.cells import cell_label, is_test_cell, nbgrader_meta
 from ..sealing.sandbox import Limits
 from .handoffs import Ending
@@ -44,6 +44,7 @@ class Transcript:
     ending: Ending | None = None  # why the run stopped early (None while it runs, and when it finished)
     reason: str = ""  # ... in words
     ended_at: int | None = None
+    not_run: set[int] = field(default_factory=set)  # cells that stopped at what does not run while grading
 
     def event(self, kind: str, index: int | None, message: str) -> None:
         cell = self.cells[index] if index is not None and 0 <= index < len(self.cells) else {}
@@ -73,6 +74,7 @@ class Transcript:
         clean = clean_output(output)
         if clean is None or index in self.truncated:
             return
+        clean = self._quiet(index, clean)
         kind = clean["output_type"]
         size = (len(clean["text"]) if kind == "stream" else
                 len(clean["evalue"]) + sum(len(t) for t in clean["traceback"]) if kind == "error" else
@@ -80,6 +82,17 @@ class Transcript:
         cell_cap = self.limits.max_output_kb * 1024
         nb_cap = self.limits.max_notebook_output_kb * 1024
         used = self.used.get(index, 0)
+        if kind not in ("stream", "error") and set(clean["data"]) & set(IMAGE_TYPES):
+            # a figure counts against the notebook's outputs, not the cell's (that limit is for what a
+            # cell prints); one that does not fit is left out whole, with a line, and the cell goes on
+            if self.total + size <= nb_cap:
+                self.total += size
+                self.outputs.setdefault(index, []).append(clean)
+                return
+            clean = {"output_type": "stream", "name": "stdout",
+                     "text": f"[a figure of {size // 1024} kB left out: the notebook's outputs would pass the "
+                             f"{self.limits.max_notebook_output_kb} kB the grader keeps]\n"}
+            size = len(clean["text"])
         if used + size > cell_cap or self.total + size > nb_cap:
             room = max(0, min(cell_cap - used, nb_cap - self.total))
             if clean["output_type"] == "stream" and room > 0:
@@ -91,6 +104,23 @@ class Transcript:
         self.used[index] = used + size
         self.total += size
         self.outputs.setdefault(index, []).append(clean)
+
+    def _quiet(self, index: int, output: dict) -> dict:
+        """An error that says only that the cell cannot run while grading (course_lib's reference
+        for one of the notebook's items is not there: a demonstration), and a ``NameError`` of a
+        later cell that needed what such a cell would have made, become one line: what did not
+        run and that it does not count, without a traceback (whose frames are the sandbox's)."""
+        if output["output_type"] != "error":
+            return output
+        if output["ename"] == "ReferenceUnavailable":
+            why = output["evalue"].strip().splitlines()[0] if output["evalue"].strip() else "not available"
+        elif output["ename"] == "NameError" and self.not_run and min(self.not_run) < index:
+            why = (f"{output['evalue'].strip()[:200]}: a cell above that does not run while the notebook is graded "
+                   "would have made it; this cell does not count towards the grade.")
+        else:
+            return output
+        self.not_run.add(index)
+        return {"output_type": "stream", "name": "stdout", "text": f"[not run while graded] {why}\n"}
 
     def finish(self, exit_status: int | None) -> None:
         """The run is over (``exit_status``: its process's, None if killed here): how it ended,
@@ -132,6 +162,9 @@ def cell_errors(transcript: Transcript) -> None:
     skipped = False
     for index, outputs in sorted(transcript.outputs.items()):
         if is_test_cell(transcript.cells[index]) or transcript.status.get(index) == "timeout":
+            continue
+        if index in transcript.not_run:
+            skipped = True  # (its error was made one quiet line: autograder/pipeline/run_transcript.py)
             continue
         for output in outputs:
             if output["output_type"] == "error" and output["ename"] not in ("KeyboardInterrupt",):

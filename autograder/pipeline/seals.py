@@ -194,7 +194,8 @@ class Unsealed(Seal):
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(run.job_dir),
                "LANG": "C.UTF-8", "PYTHONPATH": f"{run.course_copy}:{RUNNER.parent}", "PYTHONNOUSERSITE": "1",
                "PYTHONDONTWRITEBYTECODE": "1", "WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde",
-               "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(run.job_dir / "mpl"), "OMP_NUM_THREADS": threads,
+               "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(run.job_dir / "mpl"), "TQDM_DISABLE": "1",
+               "OMP_NUM_THREADS": threads,
                "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
                "WORKBOOK_CHANNEL_FD": str(channel.fileno()), "CUDA_VISIBLE_DEVICES": ""}
         return self._popen(run, [sys.executable, "-s", str(RUNNER)], env, cwd, channel,

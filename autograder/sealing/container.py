@@ -160,7 +160,7 @@ def command(runner: Path, course_copy: Path, folders: dict[str, Path], user: Con
         "PYTHONPATH": f"{course_copy}:{runner.parent}", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",
         "WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde", "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": str(tmp / "matplotlib"),
+        "MPLCONFIGDIR": str(tmp / "matplotlib"), "TQDM_DISABLE": "1",
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
         "WORKBOOK_CHANNEL_FD": str(channel_fd), "CUDA_VISIBLE_DEVICES": "",
     }

@@ -10,9 +10,12 @@ never holds the code of the references graded in the notebook:
   backpropagates through it); the grader refuses while that item's checks run, and
   refuses any reference whose computation would call it. Other notebooks'
   references stay as they are, so later items can build on earlier ones. A *class*
-  stub, or a function given something that is not plain data (a model, a
-  callable), raises :class:`ReferenceUnavailable`: those demonstrations stop while
-  a notebook is graded (their cells do not count);
+  stub raises :class:`ReferenceUnavailable` until its item has been graded, then
+  becomes the real class (its source, which course_lib's students have anyway, is sent
+  by the grader and run in its module): a later demonstration that builds on it runs
+  as in the student's notebook. A function given something that is not plain data (a
+  model, a callable) raises :class:`ReferenceUnavailable`: that demonstration stops
+  while a notebook is graded (its cell does not count);
 - ``course_lib/grading`` keeps only what the student's side needs to answer calls
   (:mod:`course_lib.grading.calls`, ``perform``, ``probes``, ``watch``, ``silence``,
   :mod:`~course_lib.grading.wire`, the input fixtures); the check specs, hidden tests and catalogued mistakes are not there.
@@ -63,7 +66,7 @@ class _Stubber(ast.NodeTransformer):
         for stmt in node.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name in self.names:
                 target, item, is_class = self.names[stmt.name]
-                maker = "unavailable_class" if is_class else "function"
+                maker = "reference_class" if is_class else "function"
                 new = ast.parse(f"from course_lib.{ORACLE_MODULE} import {maker} as _workbook_stub\n"
                                 f"{stmt.name} = _workbook_stub({target!r}, {item!r})\n").body
                 for n in new:

@@ -335,7 +335,7 @@ def _sealed_args(runner_dir: Path, course_copy: Path, job_dir: Path, limits: Lim
         "PYTHONPATH": f"{COURSE_DIR}:{RUNNER_DIR}", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",
         "WORKBOOK_GRADING": "1", "NBGRADER_EXECUTION": "autograde", "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": MPL_DIR,
+        "MPLCONFIGDIR": MPL_DIR, "TQDM_DISABLE": "1",  # (progress bars: nobody watches a graded run)
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
         fd_variable: str(fd),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0") if gpu else "",

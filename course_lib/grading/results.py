@@ -75,8 +75,18 @@ class Score(float):
         return float.__repr__(self)
 
     def _repr_markdown_(self) -> str:
-        """What JupyterLab shows below a test cell (nbgrader reads the plain number)."""
-        return f"**{float(self):g} / {self.result.total_points:g} points**"
+        """What JupyterLab shows below a test cell (nbgrader reads the plain number): the points
+        when every check ran; otherwise what the visible checks are worth and earned, and how
+        many points the hidden checks decide once the notebook is handed in."""
+        result = self.result
+        if result.graded or result.reference_used:
+            return f"**{float(self):g} / {result.total_points:g} points**"
+        ran = sum(r.points for r in result.results)
+        earned = sum(r.earned for r in result.results)
+        shown = f"**visible checks: {earned:g} / {ran:g} points**"
+        if result.total_points > ran:
+            shown += f" · {result.total_points - ran:g} more points from hidden checks after you hand in"
+        return shown
 
 
 def format_report(result: ItemResult) -> str:
@@ -99,7 +109,9 @@ def format_report(result: ItemResult) -> str:
         elif g_pass == len(graded):
             lines.append(f"✓ {head} — all {len(graded)} graded checks pass; advice below.")
         else:
-            lines.append(f"✗ {head} — {len(graded) - g_pass} of {len(graded)} graded checks failed.")
+            not_run = sum(1 for r in graded if not r.passed and r.message == "not run")
+            lines.append(f"✗ {head} — {len(graded) - g_pass - not_run} of {len(graded)} graded checks failed"
+                         + (f" ({not_run} not run)." if not_run else "."))
     else:
         if n_pass == n:
             which = "the visible check passes" if n == 1 else f"the {n} visible checks pass"
@@ -108,7 +120,9 @@ def format_report(result: ItemResult) -> str:
             lines.append(f"✓ {name}: the graded visible checks pass; advice below. The grader runs more checks "
                          "on other inputs.")
         else:
-            lines.append(f"✗ {name}: {n - n_pass} of {n} visible checks failed.")
+            not_run = sum(1 for r in result.results if not r.passed and r.message == "not run")
+            lines.append(f"✗ {name}: {n - n_pass - not_run} of {n} visible checks failed"
+                         + (f" ({not_run} not run)." if not_run else "."))
     if n_pass != n:
         for r in result.results:
             mark = "✓" if r.passed else "✗"

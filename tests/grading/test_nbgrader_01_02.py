@@ -13,7 +13,7 @@ import pytest
 from course_lib.grading import get_spec
 from course_lib.grading.items import bahdanau as bahdanau_items
 from course_lib.grading.items import rnn as rnn_items
-from nbtools import cell, filled, register, solution_sources, stderr, text
+from nbtools import assert_feedback_is_clean, cell, filled, register, solution_sources, stderr, text
 
 pytestmark = pytest.mark.slow
 
@@ -142,3 +142,8 @@ def test_autograding_gives_exact_scores_and_hints(graded_class, assignment, expe
     assert "NotImplementedError" in untouched and "stub" in untouched
     for (student, item), (_, hint) in expected.items():
         assert hint in html.unescape(course.feedback_html(student, assignment)), (student, item)
+
+
+@pytest.mark.parametrize("assignment", [NB01, NB02])
+def test_a_correct_submissions_feedback_is_clean(graded_class, assignment):
+    assert_feedback_is_clean(graded_class.course, assignment, "alice")

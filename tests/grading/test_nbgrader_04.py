@@ -55,5 +55,5 @@ SUBMISSIONS = {
 }
 
 
-(graded, test_exact_scores, test_feedback_names_the_mistake,
- test_a_correct_submission_has_no_problems) = nbgrader_suite(A, SUBMISSIONS, ITEMS)
+(graded, test_exact_scores, test_feedback_names_the_mistake, test_a_correct_submission_has_no_problems,
+ test_a_correct_submissions_feedback_is_clean) = nbgrader_suite(A, SUBMISSIONS, ITEMS)

@@ -56,8 +56,8 @@ SUBMISSIONS = {
 }
 
 
-(graded, test_exact_scores, test_feedback_names_the_mistake,
- test_a_correct_submission_has_no_problems) = nbgrader_suite(A, SUBMISSIONS, ITEMS)
+(graded, test_exact_scores, test_feedback_names_the_mistake, test_a_correct_submission_has_no_problems,
+ test_a_correct_submissions_feedback_is_clean) = nbgrader_suite(A, SUBMISSIONS, ITEMS)
 
 
 def test_graded_test_cells_print_reports_not_tracebacks(graded):
