@@ -27,7 +27,7 @@ from torch import nn
 from .wire import Build, GeneratorState
 
 __all__ = ["Call", "Probe", "INVOKE", "Invoke", "Subject", "CheckFailed", "realise", "build_module", "load_state",
-           "qualified", "target_name", "resolve", "bound_names", "BUILD_PREFIXES"]
+           "qualified", "target_name", "resolve", "bound_names", "earlier", "BUILD_PREFIXES"]
 
 # What a Build may construct: the grading fixtures (small models and samplers), nothing else.
 BUILD_PREFIXES = ("course_lib.grading.fixtures.",)
@@ -104,8 +104,7 @@ class Invoke:
 
     def __call__(self, impl: Any, inputs: dict) -> Any:
         if not self.module:
-            with bound_names(impl, self.names):
-                return impl(**inputs)
+            return impl(**inputs)
         return self.call(self.build(impl, inputs), inputs)
 
     def as_data(self) -> dict:
@@ -124,13 +123,34 @@ class Invoke:
                    bool(data.get("train")), tuple(tuple(p) for p in names))
 
 
+def earlier(*references: Any) -> tuple[tuple[str, str], ...]:
+    """``Invoke.names`` for an item that may build on the earlier items whose references these
+    are: while it is judged, each such name in the notebook means course_lib's reference."""
+    return tuple((ref.__name__, target_name(ref)) for ref in references)
+
+
+def _globals_of(impl: Any) -> dict | None:
+    """The global namespace an implementation's code runs in: a function's own, or that of a
+    class's methods defined with it (the notebook's), never a base class's (torch's)."""
+    if callable(impl) and not isinstance(impl, type):
+        space = getattr(impl, "__globals__", None)
+        return space if isinstance(space, dict) else None
+    for name in ("forward", "__init__", "__call__"):
+        method = getattr(impl, "__dict__", {}).get(name)
+        space = getattr(method, "__globals__", None)
+        if isinstance(space, dict):
+            return space
+    return None
+
+
 @contextlib.contextmanager
 def bound_names(impl: Any, names: tuple[tuple[str, str], ...]):
-    """While a function item runs, the global ``name`` of its own module (the notebook)
-    means the course_lib ``target``: an item is then judged on its own, not on an earlier
-    item it builds on (``cached_generate`` with the grader's cache, not the student's
-    ``KVCache``). Restored afterwards."""
-    space = getattr(impl, "__globals__", None)
+    """While an item runs, the global ``name`` of its own module (the notebook) means the
+    course_lib ``target``: an item is then judged on its own, not on an earlier item it builds
+    on (``SelfAttention`` with course_lib's ``scaled_dot_product_attention``, not the
+    student's; ``cached_generate`` with the grader's cache, not the student's ``KVCache``), so
+    that one mistake costs points once, in the item where it is. Restored afterwards."""
+    space = _globals_of(impl)
     if not names or not isinstance(space, dict):
         yield
         return

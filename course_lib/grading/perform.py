@@ -9,7 +9,7 @@ import traceback
 from typing import Any
 
 from ..device import full_precision
-from .calls import Call, CheckFailed, Subject, qualified, realise
+from .calls import Call, CheckFailed, Subject, bound_names, qualified, realise
 from .probes import PROBES
 from .silence import quiet
 from .watch import forbid, is_reference
@@ -56,8 +56,11 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
         return _error("check", text=f"the grader asked for an unknown probe {call.probe.name!r}")
     options = call.probe.options
 
+    names = getattr(spec.invoke, "names", ())
+
     def answer(impl: Any, inputs: dict) -> Any:
-        return run(spec, impl, inputs, options)
+        with bound_names(impl, names):  # an item judged on its own: the earlier items it uses are course_lib's
+            return run(spec, impl, inputs, options)
     if watch and spec.reference is not None and is_reference(impl, spec.reference):
         return {"ok": False, "kind": "reference",
                 "text": f"it is {qualified(spec.reference)}, the course's reference for this item"}

@@ -1557,13 +1557,11 @@ def test_answers_known_by_heart_earn_nothing(hostile):
     earns no point under workbook autograde (it earned the hand example's point once)."""
     got = _points(hostile["class"].scores(SYSTEM), "h_by_heart")
     assert got["test_scaled_dot_product_attention"] == 0, got
-    # SelfAttention attends with the notebook's scaled_dot_product_attention: working_or_reference
-    # keeps this one (it passes the notebook's own visible inputs, salt 0, which it knows by heart),
-    # so it costs SelfAttention too; every other item keeps its points
-    assert 0 < got["test_SelfAttention"] < get_spec("SelfAttention").points, got
+    # every other item keeps its points: SelfAttention, which attends with the notebook's
+    # scaled_dot_product_attention, is judged with course_lib's in its place (one mistake costs once)
     full = {t: get_spec(t.removeprefix("test_")).points for t in got}
-    assert {t: v for t, v in got.items() if t not in ("test_scaled_dot_product_attention", "test_SelfAttention")} \
-        == {t: v for t, v in full.items() if t not in ("test_scaled_dot_product_attention", "test_SelfAttention")}, got
+    assert {t: v for t, v in got.items() if t != "test_scaled_dot_product_attention"} \
+        == {t: v for t, v in full.items() if t != "test_scaled_dot_product_attention"}, got
 
 
 def test_nan_answer_earns_nothing(hostile):

@@ -50,9 +50,9 @@ ITEMS = ("scaled_dot_product_attention", "causal_mask", "padding_mask", "SelfAtt
 SUBMISSIONS = {
     "correct": (dict(SOL), (5, 2, 2, 4), None),
     "stubs": (None, (0, 0, 0, 0), "still contains the stub"),
-    "softmax_queries": ({"scaled_dot_product_attention": SOFTMAX_OVER_QUERIES}, (1, 2, 2, 2),
+    "softmax_queries": ({"scaled_dot_product_attention": SOFTMAX_OVER_QUERIES}, (1, 2, 2, 4),
                         "Your weights sum to 1 over the queries, not the keys"),
-    "mask_zero": ({"scaled_dot_product_attention": MASK_FILLED_WITH_ZERO}, (2, 2, 2, 3),
+    "mask_zero": ({"scaled_dot_product_attention": MASK_FILLED_WITH_ZERO}, (2, 2, 2, 4),
                   "Masked scores are set to 0, but exp(0) = 1 still gives them weight"),
     # three independent items, each wrong in its own way, in one submission (one sandboxed run):
     # each costs its own item's points and no other's
@@ -61,7 +61,7 @@ SUBMISSIONS = {
                                   "The scores are divided by √d_model")),
     "calls_reference": ({"scaled_dot_product_attention": CALLS_REFERENCE}, (0, 2, 2, 4),
                         "the course's reference for this item"),
-    "syntax_error": ({"scaled_dot_product_attention": SYNTAX_ERROR}, (0, 2, 2, 1),
+    "syntax_error": ({"scaled_dot_product_attention": SYNTAX_ERROR}, (0, 2, 2, 4),
                      "NameError"),
 }
 

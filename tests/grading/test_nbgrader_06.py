@@ -52,7 +52,7 @@ for buggy in (LN_UNBIASED, NOAM_MAX, BLEU_NO_CLIP, DEC_NO_CAUSAL, LS_ON_IGNORED,
 SUBMISSIONS = {
     "correct": ({}, (4, 3, 5, 6, 4, 4, 4, 3), ()),
     "stubs": (None, (0, 0, 0, 0, 0, 0, 0, 0), ("still contains the stub",)),
-    "alice": ({"LayerNorm": LN_UNBIASED, "noam_lr": NOAM_MAX, "bleu": BLEU_NO_CLIP}, (1, 3, 2, 3, 1, 4, 4, 2),
+    "alice": ({"LayerNorm": LN_UNBIASED, "noam_lr": NOAM_MAX, "bleu": BLEU_NO_CLIP}, (1, 3, 5, 6, 1, 4, 4, 2),
               ("LayerNorm uses the biased one", "You take the max of the two branches",
                "Your n-gram counts are not clipped")),
     # (bob's greedy loop without the <eos> fill fails the hidden random Transformers too on the ~5% of
@@ -64,7 +64,7 @@ SUBMISSIONS = {
     "carol": ({"DecoderLayer": CROSS_ON_DECODER, "EncoderLayer": ENC_SWAPPED, "bleu": BLEU_NO_BP}, (4, 3, 2, 1, 4, 4, 4, 1),
               ("Cross-attention takes its keys and values from the decoder", "Post-LN and pre-LN are swapped",
                "The brevity penalty is missing")),
-    "dave": ({"greedy_decode": CALLS_REFERENCE, "PositionwiseFeedForward": FFN_NO_RELU}, (4, 1, 2, 3, 4, 4, 0, 3),
+    "dave": ({"greedy_decode": CALLS_REFERENCE, "PositionwiseFeedForward": FFN_NO_RELU}, (4, 1, 5, 6, 4, 4, 0, 3),
              ("the course's reference for this item", "There is no ReLU between the two linear maps")),
 }
 

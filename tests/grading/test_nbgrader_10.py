@@ -47,7 +47,7 @@ SUBMISSIONS = {
     "stubs": (None, (0,) * 7, ("still contains the stub",)),
     # the channel-last patchify also costs PatchEmbedding, which uses it
     "mistakes_a": ({"patchify": CHANNEL_LAST, "VisualAttention": SOFTMAX_OVER_BATCH,
-                    "doubly_stochastic_penalty": PADDED_STEPS_COUNTED}, (1, 1, 3, 1, 2, 2, 4),
+                    "doubly_stochastic_penalty": PADDED_STEPS_COUNTED}, (1, 1, 3, 1, 2, 4, 4),
                    ("Each patch is flattened channel-last", "Your softmax runs over the batch axis",
                     "Padded steps count in your coverage")),
     "mistakes_b": ({"PatchEmbedding": CLS_APPENDED, "attention_rollout": NO_IDENTITY, "pointing_accuracy": ARGMIN},

@@ -61,18 +61,18 @@ SUBMISSIONS = {
     # the rotate-half apply_rope also costs the attention (its visible and hidden comparisons), and
     # the centred norm and that attention cost the block its comparisons
     "mistakes_a": ({"RMSNorm": MEAN_SUBTRACTED, "apply_rope": ROTATE_HALF, "kv_cache_bytes": KEYS_ONLY},
-                   (1, 3, 1, 3, 3, 3, 0, 3),
+                   (1, 3, 1, 3, 3, 6, 0, 5),
                    ("You subtract the mean (x − mean): that is LayerNorm", "You pair feature i with feature i + head_dim/2",
                     "You count one tensor per layer")),
     # apply_rope is judged with course_lib's angles, so the wrong exponent costs rope_angles alone
     # there; the attention, which rotates with the student's own, loses its comparisons
     "mistakes_b": ({"rope_angles": EXPONENT, "SwiGLU": GATE_SWAPPED, "repeat_kv": TILED},
-                   (4, 0, 4, 1, 0, 3, 3, 3),
+                   (4, 0, 4, 1, 0, 6, 3, 5),
                    ("The exponent is i/head_dim", "w1 is the gate and w3 the up projection",
                     "Your key/value heads are tiled")),
     "mistakes_c": ({"ModernBlock": POST_NORM, "kv_cache_bytes": A_FLOAT}, (4, 3, 4, 3, 3, 6, 0, 3),
                    ("This is post-norm", "Return a Python int")),
-    "mistakes_d": ({"GroupedQueryAttention": V_ROTATED, "RMSNorm": EPS_OUTSIDE}, (2, 3, 4, 3, 3, 3, 3, 3),
+    "mistakes_d": ({"GroupedQueryAttention": V_ROTATED, "RMSNorm": EPS_OUTSIDE}, (2, 3, 4, 3, 3, 3, 3, 5),
                    ("You rotate v too", "eps is added after the square root")),
     # a call of the reference and a syntax error, in two independent items of one submission
     "mistakes_e": ({"kv_cache_bytes": CALLS_REFERENCE, "ModernBlock": SYNTAX_ERROR}, (4, 3, 4, 3, 3, 6, 0, 0),

@@ -19,6 +19,7 @@ from course_lib import bert, bpe, multihead, positional
 from course_lib.grading.items.bert import HAND_MERGES
 from course_lib.grading import all_specs, check, get_spec, grade, working_or_reference
 from course_lib.grading.compare import describe_difference
+from course_lib.grading.results import format_report
 from conftest import ROOT
 from nbtools import exec_solution_cells
 
@@ -477,3 +478,65 @@ def test_a_seed_outside_a_running_check_is_an_error():
         first = seed(901)
     with salted(31337):
         assert seed(901) != first
+
+
+# ---------------------------------------------------------------------------
+# One mistake costs points once, in the item where it is
+# ---------------------------------------------------------------------------
+
+CHARGED_ONCE = r'''
+import torch
+from torch import nn
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-2)  # the mistake: over the queries
+    return weights @ v, weights
+
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_k, d_v):
+        super().__init__()
+        self.w_q = nn.Linear(d_model, d_k, bias=False)
+        self.w_k = nn.Linear(d_model, d_k, bias=False)
+        self.w_v = nn.Linear(d_model, d_v, bias=False)
+
+    def forward(self, x, mask=None):
+        return scaled_dot_product_attention(self.w_q(x), self.w_k(x), self.w_v(x), mask)
+'''
+
+
+def test_an_item_that_builds_on_a_wrong_earlier_item_is_judged_on_its_own():
+    """Notebook 03 invites SelfAttention to call the student's own scaled_dot_product_attention:
+    with the softmax over the wrong axis there, scaled_dot_product_attention loses its points,
+    SelfAttention (right in itself) keeps all of its own: while it is judged, the name means
+    course_lib's reference (``Invoke.names``), and the notebook's own function is put back."""
+    space: dict = {}
+    exec(compile(CHARGED_ONCE, "<notebook>", "exec"), space)
+    wrong = grade(get_spec("scaled_dot_product_attention"), space["scaled_dot_product_attention"], hidden=True)
+    assert wrong.earned < wrong.total_points
+    result = grade(get_spec("SelfAttention"), space["SelfAttention"], hidden=True)
+    assert result.earned == result.total_points, format_report(result)
+    assert space["scaled_dot_product_attention"].__module__ != "course_lib.attention"  # put back
+
+
+def test_every_name_an_item_is_judged_without_is_an_earlier_item_of_its_notebook():
+    """``Invoke.names`` binds only course_lib's references of items graded before the item in
+    its notebook (the sandbox's stand-ins for those answer only once they are graded)."""
+    import nbformat
+
+    from course_lib.grading.calls import resolve
+    specs = all_specs()
+    order = {}
+    for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        gids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+        order.update({g: (path.parent.name, i) for i, g in enumerate(gids) if g in specs})
+    for name, spec in specs.items():
+        for bound, target in getattr(spec.invoke, "names", ()):
+            if target.startswith("course_lib.grading."):
+                continue  # a fixture of the grader's own (cached_generate's cache, apply_rope's angles)
+            earlier = [n for n, s in specs.items() if f"{s.reference.__module__}:{s.reference.__qualname__}" == target]
+            assert earlier and resolve(target) is specs[earlier[0]].reference, (name, bound, target)
+            assert order[earlier[0]][0] == order[name][0] and order[earlier[0]][1] < order[name][1], (name, earlier)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ... import gpt as ref_gpt
 from ... import icl as ref_icl
 from ... import sampling as ref_sampling
-from ..calls import Invoke, realise
+from ..calls import Invoke, earlier, realise
 from ..watch import unwatched
 from ..compare import fmt_num
 from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
@@ -467,6 +467,7 @@ GENERATE_MISTAKES = (
 def _generate_spec() -> ItemSpec:
     return ItemSpec(
         name="generate", reference=ref_sampling.generate, mistakes=GENERATE_MISTAKES,
+        invoke=Invoke(names=earlier(ref_sampling.sample_next_token)),
         subchecks=(
             SubCheck("greedy generation while the sequence fits in the block", 1,
                      compare_cases(_gen_case("sum", 2, 3, 4, 8, 900))),

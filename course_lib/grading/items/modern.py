@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ... import modern as ref
 from ... import positional as ref_positional
-from ..calls import Invoke
+from ..calls import Invoke, earlier
 from ..compare import describe_difference, fmt_num
 from ..fixtures.modern import grader_angles
 from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
@@ -620,7 +620,8 @@ def _gqa_spec() -> ItemSpec:
     causal = _gqa_case(1650, 2, 6, 16, 4, 2, f64)
     return ItemSpec(
         name="GroupedQueryAttention", reference=ref.GroupedQueryAttention,
-        invoke=Invoke(module=True, forward=("x", "positions")), mistakes=GQA_MISTAKES, output_names=("out", "weights"),
+        invoke=Invoke(module=True, forward=("x", "positions"), names=earlier(ref.apply_rope, ref.repeat_kv)),
+        mistakes=GQA_MISTAKES, output_names=("out", "weights"),
         subchecks=(
             SubCheck("parameters W_q, W_k, W_v (num_kv_heads · head_dim outputs), W_o, no biases", 1, _gqa_parameters),
             SubCheck("matches the reference (same weights): 4 query heads sharing 2 key/value heads", 1,
@@ -822,7 +823,9 @@ def _block_spec() -> ItemSpec:
 
     grads = _block_case(1760, 2, 5, 16, 4, 2, 24, f64)
     return ItemSpec(
-        name="ModernBlock", reference=ref.ModernBlock, invoke=Invoke(module=True, forward=("x", "positions")),
+        name="ModernBlock", reference=ref.ModernBlock,
+        invoke=Invoke(module=True, forward=("x", "positions"),
+                      names=earlier(ref.GroupedQueryAttention, ref.RMSNorm, ref.SwiGLU)),
         mistakes=BLOCK_MISTAKES,
         subchecks=(
             SubCheck("submodules attn_norm, attn, ffn_norm, ffn with the right parameters; eps passed to both norms",

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import attention as ref
-from ..calls import Invoke
+from ..calls import Invoke, earlier
 from ..properties import (compare_cases, sample_inputs, dtype_name, generator, gradients_reach, mask_words, masked_keys_ignored,
                           masked_weights_zero, module_case, module_gradients, parameter_shapes, randn, seed, variant,
                           weights_sum_to_one)
@@ -310,7 +310,8 @@ def _selfattn_spec() -> ItemSpec:
     grad_case = _selfattn_case(140, 2, 5, 8, 4, 6, f64, True)
 
     return ItemSpec(
-        name="SelfAttention", reference=ref.SelfAttention, invoke=Invoke(module=True, forward=("x", "mask")),
+        name="SelfAttention", reference=ref.SelfAttention,
+        invoke=Invoke(module=True, forward=("x", "mask"), names=earlier(ref.scaled_dot_product_attention)),
         output_names=("out", "weights"), mistakes=SELFATTN_MISTAKES,
         subchecks=(
             SubCheck("parameters w_q, w_k, w_v with the right shapes and no bias", 1,

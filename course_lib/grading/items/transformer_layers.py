@@ -17,7 +17,7 @@ from torch import nn
 
 from ... import transformer as ref
 from ...multihead import MultiHeadAttention
-from ..calls import Invoke
+from ..calls import Invoke, earlier
 from ..compare import describe_difference
 from ..properties import (compare_cases, dtype_name, generator, layout, module_case, module_inputs, no_future_leak,
                           padding, padding_no_leak, parameter_shapes, randn, variant)
@@ -265,7 +265,8 @@ def _enc_spec() -> ItemSpec:
     pad_case = _enc_case(3, 6, 8, 2, 16, False, f64, 520, [6, 4, 2])
     return ItemSpec(
         name="EncoderLayer", reference=ref.EncoderLayer,
-        invoke=Invoke(module=True, forward=("x", "mask"), aliases=True), mistakes=ENC_MISTAKES,
+        invoke=Invoke(module=True, forward=("x", "mask"), aliases=True,
+                      names=earlier(ref.LayerNorm, ref.PositionwiseFeedForward)), mistakes=ENC_MISTAKES,
         subchecks=(
             SubCheck("submodules self_attn, ffn, norm1, norm2", 1,
                      lambda t: _submodules(t, (8, 2, 16), {"self_attn": "MultiHeadAttention",
@@ -367,7 +368,8 @@ def _dec_spec() -> ItemSpec:
                             "the decoder sees the future. Pass tgt_mask to self-attention.")
     return ItemSpec(
         name="DecoderLayer", reference=ref.DecoderLayer,
-        invoke=Invoke(module=True, forward=("x", "memory", "tgt_mask", "memory_mask"), aliases=True),
+        invoke=Invoke(module=True, forward=("x", "memory", "tgt_mask", "memory_mask"), aliases=True,
+                      names=earlier(ref.LayerNorm, ref.PositionwiseFeedForward)),
         mistakes=DEC_MISTAKES,
         subchecks=(
             SubCheck("submodules self_attn, cross_attn, ffn, norm1, norm2, norm3", 1,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ... import vision as ref
-from ..calls import Invoke
+from ..calls import Invoke, earlier
 from ..compare import describe_difference, fmt_num
 from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, layout,
                           module_case, module_gradients, parameter_shapes, raises_value_error, randn, variant,
@@ -298,7 +298,8 @@ def _embed_spec() -> ItemSpec:
     hidden = (_embed_case(310, 3, (12, 8), 4, 3, 10, f64), _embed_case(320, 1, 6, 3, 1, 4, f32),
               _embed_case(330, 2, 4, 4, 2, 8, f32))
     return ItemSpec(
-        name="PatchEmbedding", reference=ref.PatchEmbedding, invoke=Invoke(module=True, forward=("images",)),
+        name="PatchEmbedding", reference=ref.PatchEmbedding,
+        invoke=Invoke(module=True, forward=("images",), names=earlier(ref.patchify)),
         mistakes=EMBED_MISTAKES,
         subchecks=(
             SubCheck("parameters proj, cls_token (1, 1, d_model) and pos_embed (1, 1 + N, d_model)", 1, _embed_layout),
