@@ -67,22 +67,28 @@ def mask_image(mask, ax: Axes | None = None, title: str = "mask (True = may atte
 
 
 def cost_curves(lengths: Sequence[int], seconds: Sequence[float], weight_bytes: Sequence[int],
-                axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
-    """Log-log time and memory of attention against sequence length, with a T² guide."""
+                axes: Sequence[Axes] | None = None, last: int = 3) -> Sequence[Axes]:
+    """Log-log time and memory of attention against sequence length, each with its measured
+    slope over the ``last`` longest lengths and a T² guide fitted to those points by least
+    squares in log-log (one noisy point, the longest run on a busy machine, cannot tilt it)."""
+    from .cost import loglog_slope
+
     if axes is None:
         axes = plt.subplots(1, 2, figsize=(10, 3.6))[1]
     t = np.asarray(lengths, dtype=float)
-    for ax, values, label in ((axes[0], np.asarray(seconds) * 1e3, "time per forward pass (ms)"),
-                              (axes[1], np.asarray(weight_bytes) / 2**20, "memory of the weights (MiB)")):
-        ax.loglog(t, values, "o-", label="measured")
-        guide = values[-1] * (t / t[-1]) ** 2
-        ax.loglog(t, guide, "--", color="gray", label="∝ T²")
+    k = min(last, len(t))
+    for ax, values, label, what in ((axes[0], np.asarray(seconds) * 1e3, "time per forward pass (ms)", "time"),
+                                    (axes[1], np.asarray(weight_bytes) / 2**20, "memory of the weights (MiB)",
+                                     "memory")):
+        slope = loglog_slope(t, values, k) if len(t) >= 2 else float("nan")
+        ax.loglog(t, values, "o-", label=f"measured (slope {slope:.2f})")
+        scale = np.exp(np.mean(np.log(values[-k:]) - 2 * np.log(t[-k:])))  # the best T² line through them
+        ax.loglog(t, scale * t ** 2, "--", color="gray", label="∝ T²")
         ax.set_xlabel("sequence length T")
         ax.set_ylabel(label)
+        ax.set_title(f"{what}: slope {slope:.2f} over the {k} longest (2 is ∝ T²)")
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_title("time grows ~ T² for long sequences")
-    axes[1].set_title("the T×T weight matrix: exactly ∝ T²")
     return axes
 
 

@@ -540,3 +540,66 @@ def test_every_name_an_item_is_judged_without_is_an_earlier_item_of_its_notebook
             earlier = [n for n, s in specs.items() if f"{s.reference.__module__}:{s.reference.__qualname__}" == target]
             assert earlier and resolve(target) is specs[earlier[0]].reference, (name, bound, target)
             assert order[earlier[0]][0] == order[name][0] and order[earlier[0]][1] < order[name][1], (name, earlier)
+
+
+# ---------------------------------------------------------------------------
+# Every rule a check enforces is stated in the notebook
+# ---------------------------------------------------------------------------
+
+# a family of sub-check titles -> what the notebook must say (the item's own text: its section
+# and its solution cell; for the conventions every function follows, the notebook's conventions
+# paragraph before its first graded item may say it instead)
+RULES = [
+    ("inputs left unchanged", r"(x|mask|alphas|inputs?) (is |are )?left unchanged|left as (they|it) w|no parameter change",
+     r"unchanged|not changed|in place|in-place|left as (it|they) (is|are)|does not (modify|change) (its|the)", True),
+    ("a ValueError", r"ValueError", r"ValueError", False),
+    ("float64", r"float64", r"float64", True),
+    ("the device argument", r"device argument", r"\bdevice\b", True),
+    ("the generator's reproducibility", r"generator makes", r"generator", False),
+    ("eval mode", r"eval mode|train mode", r"\beval\b|eval\(\)|evaluation mode", False),
+    ("gradients", r"gradients reach", r"gradient|differentiab|backprop", True),
+]
+
+
+def _item_texts() -> dict[str, tuple[str, str]]:
+    """item -> (its own text: the markdown since the previous test cell and its solution cell,
+    the notebook's conventions: the markdown before its first graded item), in notebooks/."""
+    import nbformat
+
+    out = {}
+    for path in sorted((ROOT / "notebooks").glob("*/*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        own, conventions, seen_item = [], [], False
+        for c in nb.cells:
+            meta = c.get("metadata", {}).get("nbgrader", {})
+            gid = meta.get("grade_id", "")
+            if meta.get("solution") and gid in SPECS:
+                own.append(c.source)
+                out[gid] = ("\n".join(own), "\n".join(conventions))
+                seen_item = True
+            elif meta.get("grade") and not meta.get("solution") and gid.startswith("test_"):
+                own = []
+            elif c.cell_type == "markdown":
+                own.append(c.source)
+                if not seen_item:
+                    conventions.append(c.source)
+    return out
+
+
+def test_every_rule_a_check_enforces_is_stated_where_the_student_reads():
+    """A check may only ask what the contract and the notebook state: an input left unchanged, a
+    ValueError, float64, the device, a generator's reproducibility, eval mode, gradients. Each
+    sub-check title that enforces one of these has its rule in the item's text (or, for the
+    conventions every function follows, the notebook's conventions paragraph)."""
+    import re
+
+    texts = _item_texts()
+    unstated = []
+    for name, spec in SPECS.items():
+        own, conventions = texts[name]
+        for sub in spec.subchecks:
+            for rule, title, said, general in RULES:
+                if re.search(title, sub.title) and not re.search(said, own, re.I) and not (
+                        general and re.search(said, conventions, re.I)):
+                    unstated.append(f"{name}: {rule} ({sub.title!r})")
+    assert not unstated, "\n".join(sorted(set(unstated)))

@@ -31,3 +31,25 @@ def test_accuracy_vs_length_plots_the_given_lengths():
         assert ax.get_ylim() == (-0.02, 1.02) and ax.get_legend() is not None
     finally:
         plt.close(ax.figure)
+
+
+def test_the_cost_plot_states_its_measured_slope_and_fits_its_guide_to_several_points():
+    """A busy machine can make one run slow: the T² guide is fitted by least squares over the
+    three longest lengths (not drawn through the last point), and the titles say the slope."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from course_lib.plotting import cost_curves
+
+    lengths = [64, 128, 256, 512, 1024, 2048]
+    seconds = [1e-6 * T ** 2 for T in lengths]
+    seconds[-1] *= 3  # the longest run was slowed down
+    axes = cost_curves(lengths, seconds, [4 * T * T for T in lengths])
+    time_title, memory_title = axes[0].get_title(), axes[1].get_title()
+    assert "slope 2.00" in memory_title and "slope" in time_title
+    slope = float(time_title.split("slope ")[1].split()[0])
+    assert 2.3 < slope < 3.0  # what the three longest show, outlier included
+    guide = axes[0].get_lines()[1].get_ydata()
+    measured = np.asarray(seconds) * 1e3
+    # through the last point, the guide would lie 3x above the other two long lengths
+    assert abs(np.log(guide[-1] / measured[-1])) < np.log(3) and abs(np.log(guide[-3] / measured[-3])) < np.log(3)
+    plt.close("all")
