@@ -93,10 +93,8 @@ def format_report(result: ItemResult) -> str:
     """Plain-text report: one line when everything passes, details otherwise."""
     name = result.item
     if result.reference_used:
-        return (
-            f"✗ {name}: 0/{result.total_points:g} points. Your solution earns nothing because "
-            f"{result.reference_used}. Write the computation yourself; torch operations are fine."
-        )
+        advice = "" if "yourself" in result.reference_used else " Write the computation yourself; torch operations are fine."
+        return f"✗ {name}: 0/{result.total_points:g} points. Your solution earns nothing because {result.reference_used}.{advice}"
     n_pass = sum(r.passed for r in result.results)
     n = len(result.results)
     graded = [r for r in result.results if r.points > 0]  # the others are advice

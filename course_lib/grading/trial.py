@@ -147,7 +147,7 @@ class Trial:
         if kind == "error":
             exc = str(answer.get("exc", "an exception"))[:80]
             where = str(answer.get("where", ""))[:300]
-            raise CheckFailed(f"`{name}` raised {exc}{on}{where}: {text[:300]}")
+            raise RaisedError(f"`{name}` raised {exc}{on}{where}: {text[:300]}", exc, text)
         if kind == "check":
             raise CheckFailed(text, stop=bool(answer.get("stop")))
         if kind == "reference":
@@ -163,6 +163,19 @@ class Trial:
         if not answer["ok"]:
             raise RuntimeError(f"the reference of {self.spec.name} failed: {answer}")
         return to_plain(answer["value"])
+
+    def mistake_raising(self, case: Any, raised: "RaisedError", probe: Probe = INVOKE) -> str | None:
+        """The hint of the first catalogued mistake that raises what the student's code raised
+        on ``case`` (the same exception, the same message: ``k.T`` on a batch, a mask's axis
+        added twice), None otherwise."""
+        if not self.name_mistakes:
+            return None
+        for mistake in self.spec.mistakes:
+            answer = perform(self.spec, mistake.impl, Call(self.spec.name, case.make(self.device), probe), watch=False)
+            if (not answer["ok"] and answer.get("kind") == "error" and answer.get("exc") == raised.exc
+                    and str(answer.get("text", ""))[:300] == raised.text[:300]):
+                return mistake.hint
+        return None
 
     def mistake_output(self, impl: Any, inputs: dict, probe: Probe = INVOKE) -> Any:
         """A catalogued mistake's output on ``inputs`` (None if it raises)."""
@@ -198,7 +211,13 @@ class Trial:
         from .compare import describe_difference
         for case in cases:
             expected = self.reference(case.make(self.device), probe)
-            got = self.student(case.make(self.device), case.label, probe)
+            try:
+                got = self.student(case.make(self.device), case.label, probe)
+            except RaisedError as raised:
+                hint = self.mistake_raising(case, raised, probe)
+                if hint:
+                    raise CheckFailed(f"{raised}\n{LIKELY_CAUSE}{hint}") from None
+                raise
             problem = (differ or (lambda e, g: describe_difference(e, g, self.spec.output_names)))(expected, got)
             if problem is None:
                 continue
@@ -207,6 +226,15 @@ class Trial:
             if hint:
                 message += f"\n{LIKELY_CAUSE}{hint}"
             raise CheckFailed(message)
+
+
+class RaisedError(CheckFailed):
+    """The student's code raised ``exc`` with message ``text`` (a failure a catalogued mistake
+    may explain: :meth:`Trial.mistake_raising`)."""
+
+    def __init__(self, message: str, exc: str, text: str) -> None:
+        super().__init__(message)
+        self.exc, self.text = exc, text
 
 
 def mistake_named(spec: ItemSpec, message: str) -> str:

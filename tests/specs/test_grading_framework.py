@@ -603,3 +603,31 @@ def test_every_rule_a_check_enforces_is_stated_where_the_student_reads():
                         general and re.search(said, conventions, re.I)):
                     unstated.append(f"{name}: {rule} ({sub.title!r})")
     assert not unstated, "\n".join(sorted(set(unstated)))
+
+
+def test_an_error_a_catalogued_mistake_raises_too_is_named():
+    """`k.T` on a batched k raises a RuntimeError (shapes that cannot be multiplied): the report
+    names the cause, because the catalogued mistake raises the same error on the same input."""
+    import math
+
+    def attention(q, k, v, mask=None):
+        s = q @ k.T / math.sqrt(q.size(-1))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(s, dim=-1)
+        return w @ v, w
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = format_report(grade(get_spec("scaled_dot_product_attention"), attention))
+    assert "raised RuntimeError" in report and "Likely cause: `k.T` reverses every axis" in report, report
+
+
+def test_a_forbidden_call_is_explained_once():
+    import torch.nn.functional as F
+
+    def attention(q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
+
+    report = format_report(grade(get_spec("scaled_dot_product_attention"), attention))
+    assert report.count("yourself") == 1, report

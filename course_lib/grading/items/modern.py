@@ -693,9 +693,11 @@ def _cache_spec() -> ItemSpec:
     return ItemSpec(
         name="kv_cache_bytes", reference=ref.kv_cache_bytes, mistakes=CACHE_MISTAKES,
         subchecks=(
-            SubCheck("the hand example: 1 layer, 1 key/value head, head_dim 2, 3 positions; sizes of this grading", 1,
+            SubCheck("the hand example (1 layer, 1 key/value head, head_dim 2, 3 positions) and sizes drawn for this "
+                     "grading", 1,
                      compare_cases(_cache_case(1, 1, 2, 3), _fresh_cache_case(1600))),
-            SubCheck("Llama 2 70B (80 layers, 8 key/value heads, head_dim 128) at 4096 tokens; sizes of this grading",
+            SubCheck("Llama 2 70B (80 layers, 8 key/value heads, head_dim 128) at 4096 tokens, and sizes drawn for "
+                     "this grading",
                      1, compare_cases(_cache_case(80, 8, 128, 4096), _fresh_cache_case(1610))),
             SubCheck("8-bit numbers, a batch of 8 in 32-bit numbers, no positions yet, one key/value head", 1,
                      compare_cases(_cache_case(2, 4, 16, 64, batch_size=3, bytes_per_value=1),

@@ -68,13 +68,19 @@ def _finish(scores, v, mask, dim=-1):
     return w @ v, w
 
 
-def _sdpa(scale=lambda q, k, v: math.sqrt(q.size(-1)), mask_as="-inf", dim=-1, transposed=False, swapped=False):
+def _sdpa(scale=lambda q, k, v: math.sqrt(q.size(-1)), mask_as="-inf", dim=-1, transposed=False, swapped=False,
+          all_axes_reversed=False):
     """A wrong attention: the scores divided by ``scale(q, k, v)`` (None: not scaled), the mask
     filled with -inf, inverted, ignored ("none"), applied "after" the softmax or filled with "0",
-    the softmax over ``dim``, the weights transposed, the outputs swapped."""
+    the softmax over ``dim``, the weights transposed, the outputs swapped, ``k.T`` (every axis
+    of a batched key tensor reversed: it raises on a batch)."""
 
     def sdpa(q, k, v, mask=None):
-        s = _scores(q, k) / scale(q, k, v) if scale else _scores(q, k)
+        if all_axes_reversed:
+            s = q @ k.T  # every axis reversed beyond 2-D (deprecated there: torch warns, or will raise)
+        else:
+            s = _scores(q, k)
+        s = s / scale(q, k, v) if scale else s
         if mask is not None and mask_as in ("-inf", "inverted", "0"):
             s = s.masked_fill(mask if mask_as == "inverted" else ~mask, 0.0 if mask_as == "0" else float("-inf"))
         w = torch.softmax(s, dim=dim)
@@ -111,6 +117,8 @@ SDPA_MISTAKES = (
             "one row per query."),
     Mistake("outputs swapped", _sdpa(swapped=True),
             "You returned (weights, output): return (output, weights)."),
+    Mistake("k.T on a batch", _sdpa(all_axes_reversed=True),
+            "`k.T` reverses every axis of a batched k, not the last two: use k.transpose(-2, -1)."),
 )
 
 

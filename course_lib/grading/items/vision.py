@@ -499,7 +499,8 @@ def _penalty_spec() -> ItemSpec:
     return ItemSpec(
         name="doubly_stochastic_penalty", reference=ref.doubly_stochastic_penalty, mistakes=PENALTY_MISTAKES,
         subchecks=(
-            SubCheck("the hand example (0.36) and a random batch without a mask", 1,
+            SubCheck("two steps over three regions by hand (alphas (1, 2, 3), penalty 0.36) and a random batch without "
+                     "a mask", 1,
                      compare_cases(_hand_penalty_case(), _penalty_case(500, 3, 5, 8))),
             SubCheck("padded steps left out: a batch with lengths (6, 3, 1)", 1,
                      compare_cases(_penalty_case(510, 3, 6, 9, (6, 3, 1)))),
