@@ -18,7 +18,8 @@ Mask modes (``MASK_MODES``): ``"none"``, ``"causal"``, ``"padding"`` (length sli
 ``"sliding window"`` (width slider), ``"dilated window"`` (width and dilation sliders) and
 ``"window + global"`` (sliding window plus Longformer's global tokens, typed as positions,
 e.g. ``"0, 5"``). The three window modes are causal unless the "causal window" box is
-unticked; sliders that do not apply to the chosen mode are disabled.
+unticked; controls that do not apply to the chosen mode are hidden (and disabled), and so are
+the layer and head selectors when there is only one to choose.
 
 Usage (the explorer is the cell's last expression; the controls can also be set in code)::
 
@@ -433,6 +434,9 @@ class AttentionExplorer:
             self.head.value = keep
         finally:
             self._updating = False
+        # a selector with one choice says nothing: hidden (one layer, one head)
+        self.layer.layout.display = None if self.source.num_layers > 1 else "none"
+        self.head.layout.display = None if H > 1 else "none"
         self.ablation.children = tuple(self.ablate.get(self.layer.value, []))
 
     def ablated(self) -> dict[int, list[int]]:
@@ -441,8 +445,8 @@ class AttentionExplorer:
 
     @property
     def widget(self) -> widgets.Widget:
-        # three controls a row: at a laptop's width (a ~1000 px notebook) five in a row squeezed
-        # the sliders to a dot
+        # what to look at, then the mask and the controls of the chosen mask only (each hidden
+        # while it does not apply: at most four in a row), then the picture, the largest thing
         rows = [widgets.HBox([self.layer, self.head, self.temperature]),
                 widgets.HBox([self.mode, self.length, self.window]),
                 widgets.HBox([self.dilation, self.global_positions, self.causal]),
@@ -463,10 +467,11 @@ class AttentionExplorer:
         start = time.perf_counter()
         T = len(self.tokens)
         mode = self.mode.value
-        self.length.disabled = mode != "padding"
-        self.window.disabled = self.causal.disabled = mode not in WINDOW_MODES
-        self.dilation.disabled = mode != "dilated window"
-        self.global_positions.disabled = mode != "window + global"
+        for control, applies in ((self.length, mode == "padding"), (self.window, mode in WINDOW_MODES),
+                                 (self.causal, mode in WINDOW_MODES), (self.dilation, mode == "dilated window"),
+                                 (self.global_positions, mode == "window + global")):
+            control.disabled = not applies
+            control.layout.display = None if applies else "none"  # shown only where it applies
         try:
             mask = build_mask(mode, T, self.length.value, self.window.value, self.dilation.value,
                               self.global_positions.value, self.causal.value)
@@ -518,12 +523,15 @@ class AttentionExplorer:
             T_q, T_k = len(self.query_tokens), len(self.tokens)
             cols = min(n_panels, 4 if T_k <= 12 else 2)
             rows = -(-n_panels // cols)
-            small = T_k > 16
-            # constrained layout keeps every token label, axis label and the colour bar's
-            # label inside the picture (a fixed layout cut "animal" to "nimal")
+            small = T_k > 24
+            # the picture is the largest thing in the widget: about 850 px wide in a notebook of
+            # about 1000, a token's square between 14 and 43 px, token labels at 11 pt (8 beyond
+            # 24 tokens); constrained layout keeps every label and the colour bar inside it (a
+            # fixed layout cut "animal" to "nimal")
+            cell = min(0.6, max(0.2, (11.8 - 1.9 * cols - 1.2) / (cols * max(T_k, 1))))
             fig, axes = plt.subplots(rows, cols, squeeze=False, dpi=72, layout="constrained",
-                                     figsize=((0.13 * max(T_k, 8) + 1.6) * cols + 1.2,
-                                              (0.13 * max(T_q, 8) + 1.5) * rows + 0.5))
+                                     figsize=((cell * max(T_k, 6) + 1.9) * cols + 1.2,
+                                              (cell * max(T_q, 6) + 1.7) * rows + 0.6))
             plt.close(fig)  # shown through the Output widget only
             images = []
             for i, ax in enumerate(axes.flat):
@@ -533,18 +541,18 @@ class AttentionExplorer:
                 image = ax.imshow(np.zeros((T_q, T_k)), cmap="viridis", vmin=0, vmax=1, aspect="auto",
                                   interpolation="nearest")
                 image.set_animated(True)
-                ax.set_xticks(range(T_k), self.tokens, rotation=90, fontsize=6 if small else 8)
-                ax.set_yticks(range(T_q), self.query_tokens, fontsize=6 if small else 8)
+                ax.set_xticks(range(T_k), self.tokens, rotation=90, fontsize=8 if small else 11)
+                ax.set_yticks(range(T_q), self.query_tokens, fontsize=8 if small else 11)
                 if i % cols == 0:
-                    ax.set_ylabel("query (attending)")
+                    ax.set_ylabel("query (attending)", fontsize=11)
                 if i >= n_panels - cols:
-                    ax.set_xlabel("key (attended to)")
-                ax.set_title(" ", fontsize=9)
+                    ax.set_xlabel("key (attended to)", fontsize=11)
+                ax.set_title(" ", fontsize=11)
                 ax.title.set_animated(True)
                 images.append(image)
             bar = fig.colorbar(images[0], ax=axes.ravel().tolist(), fraction=0.03, pad=0.02)
-            bar.set_label("attention weight", fontsize=10)
-            suptitle = fig.suptitle(" ", fontsize=10)
+            bar.set_label("attention weight", fontsize=11)
+            suptitle = fig.suptitle(" ", fontsize=12)
             suptitle.set_animated(True)
             canvas = FigureCanvasAgg(fig)
             canvas.draw()
@@ -562,7 +570,9 @@ class AttentionExplorer:
             image.set_data(w)
             head = h if grid else self.head.value
             off = head in self.ablated().get(layer, [])
-            ax.set_title(f"layer {layer}, head {head}" + (" (off)" if off else ""), fontsize=9)
+            where = [f"layer {layer}"] * (self.source.num_layers > 1) + \
+                [f"head {head}"] * (self.source.num_heads(layer) > 1)  # (one of each goes without saying)
+            ax.set_title(", ".join(where) + (" (off)" if off else ""), fontsize=11)
             ax.draw_artist(image)
             ax.draw_artist(ax.title)
         suptitle.set_text(f"{self.title} — mask: {self.mode.value}, temperature {self.temperature.value:.2g}"

@@ -228,11 +228,12 @@ def test_a_bad_global_position_is_reported_in_the_widget(explorer):
     ("dilated window", {"window", "dilation", "causal"}),
     ("window + global", {"window", "global_positions", "causal"}),
 ])
-def test_only_the_controls_of_the_chosen_mask_are_enabled(explorer, mode, enabled):
+def test_only_the_controls_of_the_chosen_mask_are_shown(explorer, mode, enabled):
     ex = explorer[0]
     ex.mode.value = mode
     controls = ("length", "window", "dilation", "global_positions", "causal")
     assert {name for name in controls if not getattr(ex, name).disabled} == enabled
+    assert {name for name in controls if getattr(ex, name).layout.display != "none"} == enabled
     assert not ex.temperature.disabled and not ex.mode.disabled
 
 
@@ -303,3 +304,22 @@ def test_an_image_needs_a_grid_that_fits():
         AttentionExplorer(["a", "b"], lambda mask: torch.ones(2, 2) / 2, image=torch.zeros(3, 4, 4))
     with pytest.raises(ValueError, match="grid"):
         AttentionExplorer(["a", "b"], lambda mask: torch.ones(2, 2) / 2, image=torch.zeros(3, 4, 4), grid=(2, 2))
+
+
+def test_a_selector_with_one_choice_is_hidden_and_the_picture_is_readable():
+    """One hand-made head: no layer or head dropdown with a single option; the heatmap is about
+    as wide as a notebook (hundreds of pixels, not a thumbnail) with labels a reader can read."""
+    import io
+
+    import PIL.Image
+    from course_lib.handmade import coreference_head
+    from course_lib.widgets import AttentionExplorer
+
+    tokens, features, head = coreference_head()
+    ex = AttentionExplorer(tokens, lambda mask: head(features, mask)[1], title="hand-made head")
+    assert ex.layer.layout.display == "none" and ex.head.layout.display == "none"
+    assert ex.temperature.layout.display != "none" and ex.mode.layout.display != "none"
+    width, height = PIL.Image.open(io.BytesIO(ex.png)).size
+    assert width >= 450 and height >= 400, (width, height)
+    labels = ex._figures[(1,)][1][0].get_xticklabels()
+    assert labels and min(label.get_fontsize() for label in labels) >= 10
