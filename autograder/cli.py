@@ -16,6 +16,7 @@
     workbook due [ASSIGNMENT [DATE]]          show or set due dates (late work: nbgrader's penalty)
     workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
                                               (--names: show student ids; default: numbered)
+    workbook html NOTEBOOK [-o PAGE]          a notebook as one offline page (MathML, widgets as pictures)
     workbook similarity ASSIGNMENT            which answers look copied, per graded item (offline): a CSV
                                               and an HTML page (--csv FILE, --html FOLDER, --threshold X)
     workbook formgrader [ASSIGNMENT]          grade the written answers in nbgrader's Formgrader
@@ -31,6 +32,8 @@ Run inside the course folder (the one with nbgrader_config.py) or pass --course.
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import sys
 from pathlib import Path
 
@@ -125,8 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--workers", type=_positive, help="students rendered at once (default: one per core)")
 
     p = sub.add_parser("export", help="write the grades CSV, or an LMS's grade-import file")
-    p.add_argument("assignments", nargs="*")
-    p.add_argument("-o", "--output", help="default: grading/grades.csv (grading/grades-<format>.csv for an LMS)")
+    p.add_argument("assignments", nargs="*",
+                   help="the assignments to export (default: the csv format every assignment of the gradebook; an "
+                        "LMS format the assignments with grades, so that the LMS makes no empty assignments)")
+    p.add_argument("-o", "--output", help="the file to write (default: grading/grades.csv, grading/grades-<format>.csv "
+                                          "for an LMS; - writes the CSV to the terminal instead)")
     p.add_argument("--format", choices=("csv", "canvas", "moodle", "blackboard"), default="csv",
                    help="csv: every column of the workbook; canvas, moodle, blackboard: that LMS's grade import "
                         "(a column per notebook, scores after the late penalty)")
@@ -149,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "needs more: docs/gradescope.md)")
     p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
 
+    p = sub.add_parser("html", help="a notebook as one offline HTML page: math as MathML, each widget as the "
+                                    "picture it last showed, no script (nbconvert's page needs the web)")
+    p.add_argument("notebook", help="the .ipynb file (a student's work/ copy, a solution, an autograded one)")
+    p.add_argument("-o", "--output", help="the page to write (default: beside the notebook, .html)")
     p = sub.add_parser("status", help="table of students × notebooks")
     p.add_argument("assignments", nargs="*")
 
@@ -195,12 +205,24 @@ def _lms_export(course: Course, args: argparse.Namespace) -> int:
         if not sep or not notebook or not header:
             raise CourseError(f"--column {shown(item)}: write it NOTEBOOK=HEADER")
         explicit[notebook] = header
-    text, notes = lms_export(course, args.format, args.roster, args.assignments or None, explicit,
-                             Path(args.output) if args.output else None)
-    print(text, end="")
+    to_terminal = args.output == "-"
+    target = None if to_terminal or not args.output else Path(args.output)
+    text, notes = lms_export(course, args.format, args.roster, args.assignments or None, explicit, target,
+                             write=not to_terminal)
+    _wrote(text, target or course.grading_dir / f"grades-{args.format}.csv", to_terminal)
     for note in notes:
         print(f"{args.format}: {note}", file=sys.stderr)
     return 0
+
+
+def _wrote(text: str, target: Path, to_terminal: bool) -> None:
+    """The CSV on the terminal (``-o -``), or one line saying what was written where."""
+    if to_terminal:
+        print(text, end="")
+        return
+    lines = text.splitlines()
+    columns = len(next(csv.reader(lines[:1]), []))
+    print(f"wrote {target}: {max(len(lines) - 1, 0)} rows, {columns} columns")
 
 
 def _check(course: Course) -> int:
@@ -402,6 +424,24 @@ def _due(course: Course, args: argparse.Namespace) -> int:
     return 0
 
 
+def _html(args: argparse.Namespace) -> int:
+    from .reports.notebook_html import notebook_html
+    source = Path(args.notebook)
+    if not source.is_file():
+        print(f"workbook html: no notebook {shown(str(source), 300)}", file=sys.stderr)
+        return 2
+    target = Path(args.output) if args.output else source.with_suffix(".html")
+    try:
+        page = notebook_html(source)
+    except Exception as exc:  # not a notebook nbformat can read
+        print(f"workbook html: {shown(str(source), 300)} could not be read as a notebook: "
+              f"{shown(f'{type(exc).__name__}: {exc}', 300)}", file=sys.stderr)
+        return 2
+    target.write_text(page, encoding="utf-8")
+    print(f"wrote {target} ({len(page) // 1024} kB, offline: math as MathML, widgets as their last picture)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -415,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"workbook worker: {exc}", file=sys.stderr)
             return 2
         exec_dask(args.command, ([args.address] if args.command == "worker" else []) + extra, course)
+    if args.command == "html":  # any notebook, in or out of a course folder
+        return _html(args)
     try:
         course = Course(args.course) if args.course else Course()
         if args.command not in ("gradebook", "check", "student-edition"):
@@ -448,9 +490,14 @@ def main(argv: list[str] | None = None) -> int:
                 return _lms_export(course, args)
             if args.roster or args.column:
                 raise CourseError("--roster and --column go with an LMS --format (canvas, moodle, blackboard)")
-            from .reports.grades import export_csv
+            from .reports.grades import export_csv, grade_rows
+            from .doors.outbound import write_csv
+            if args.output == "-":
+                columns, rows = grade_rows(course, args.assignments or None)
+                _wrote(write_csv(io.StringIO(), rows, columns), Path("-"), True)
+                return 0
             text = export_csv(course, args.output, args.assignments or None)
-            print(text, end="")
+            _wrote(text, Path(args.output) if args.output else course.grading_dir / "grades.csv", False)
             return 0
         if args.command == "due":
             return _due(course, args)

@@ -113,10 +113,12 @@ def _columns(notebooks: list[tuple[str, str, float]], roster: Roster | None,
 
 def _scores(course: Course, assignments: list[str] | None) -> tuple[list[tuple[str, str, float]], dict, dict]:
     """The notebooks, each student's score of each (after the late penalty; None: not handed
-    in), and the gradebook's students (first and last name, e-mail, lms_user_id)."""
+    in), and the gradebook's students (first and last name, e-mail, lms_user_id). Without
+    ``assignments``: those with at least one submission (an LMS would make an empty assignment
+    of each other one)."""
     from nbgrader.api import MissingEntry
     with course.gradebook() as gb:
-        assignments = assignments or sorted(a.name for a in gb.assignments)
+        assignments = assignments or sorted(a.name for a in gb.assignments if a.submissions)
         notebooks = [(a, nb.name, float(nb.max_score)) for a in assignments for nb in gb.find_assignment(a).notebooks]
         people = {s.id: {"first_name": s.first_name or "", "last_name": s.last_name or "", "email": s.email or "",
                          "lms_user_id": s.lms_user_id or ""} for s in gb.students}
@@ -145,10 +147,12 @@ def _cell(value: float | None, empty: str = "") -> str:
 
 
 def lms_export(course: Course, lms: str, roster_path: str | None = None, assignments: list[str] | None = None,
-               explicit: dict[str, str] | None = None, out: Path | None = None) -> tuple[str, list[str]]:
-    """Write ``lms``'s grade-import file (default ``grading/grades-<lms>.csv``); return its
-    text and the notes for the instructor (students left out and why, new columns, how to
-    map the file in the LMS)."""
+               explicit: dict[str, str] | None = None, out: Path | None = None,
+               write: bool = True) -> tuple[str, list[str]]:
+    """Write ``lms``'s grade-import file (default ``grading/grades-<lms>.csv``; ``write=False``:
+    only return it); return its text and the notes for the instructor (students left out and
+    why, new columns, how to map the file in the LMS). Without ``assignments``, the assignments
+    that have grades (the others are named in a note)."""
     if lms not in FORMATS:
         raise CourseError(f"--format {lms!r}: one of csv, {', '.join(FORMATS)}")
     roster = read_roster(roster_path) if roster_path else None
@@ -158,12 +162,20 @@ def lms_export(course: Course, lms: str, roster_path: str | None = None, assignm
     notebooks, scores, people = _scores(course, assignments)
     columns = _columns(notebooks, roster if roster and roster.lms == lms else None, explicit or {})
     notes: list[str] = []
+    if not assignments:
+        with course.gradebook() as gb:
+            ungraded = sorted(a.name for a in gb.assignments if not a.submissions)
+        if ungraded:
+            notes.append(f"{len(ungraded)} assignment{'s' if len(ungraded) != 1 else ''} without grades yet left out "
+                         f"({', '.join(shown(a) for a in ungraded[:6])}{', …' if len(ungraded) > 6 else ''}): name "
+                         f"them to export them too: workbook export ASSIGNMENT … --format {lms}")
     for a, n, _, column, found in columns:
         if not found:
             what = {"canvas": "a new assignment", "moodle": "a column to map by hand (or a new grade item)",
                     "blackboard": "a new text column worth 0 points"}[lms]
             notes.append(f"{a}/{n}: no column of the LMS's export is this notebook; '{shown(column.header)}' will be "
-                         f"{what} (name the LMS's column with --column {n}=HEADER)")
+                         f"{what} (name the LMS's column with --column {n}=HEADER, or export only the assignments "
+                         f"the LMS has: workbook export ASSIGNMENT … --format {lms})")
     students = sorted(scores)
     if roster is not None:
         found, left = _match(students, roster)
@@ -181,9 +193,10 @@ def lms_export(course: Course, lms: str, roster_path: str | None = None, assignm
     for row in [header, *rows]:
         writer.writerow([csv_cell(c) for c in row])
     text = buffer.getvalue()
-    target = out or course.grading_dir / f"grades-{lms}.csv"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
+    if write:
+        target = out or course.grading_dir / f"grades-{lms}.csv"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
     return text, notes
 
 

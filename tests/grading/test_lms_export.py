@@ -227,3 +227,24 @@ def test_collect_reads_an_lms_export_as_its_roster(course, tmp_path):
     main(["--course", str(course.root), "collect", str(download), "-a", NOTEBOOK, "--roster", roster])
     assert course.submission_dir("101", NOTEBOOK).is_dir()
     assert not course.submission_dir("555", NOTEBOOK).exists()
+
+
+def test_an_lms_export_leaves_out_the_assignments_without_grades_and_says_one_line(course, tmp_path, capsys):
+    """Canvas would make an empty assignment of each column the export has no grades for: by
+    default only the assignments with grades are exported, the others named in a note that says
+    how to export them; the command prints what it wrote, not the file."""
+    import shutil
+    course, base = course
+    course = Course(shutil.copytree(course.root, tmp_path / "course"))
+    with course.gradebook() as gb:
+        gb.update_or_create_assignment("99_not_yet")
+    out = tmp_path / "canvas.csv"
+    assert main(["--course", str(course.root), "export", "--format", "canvas", "-o", str(out)]) == 0
+    printed = capsys.readouterr()
+    rows = _csv(out.read_text())
+    assert not any("99_not_yet" in h for h in rows[0])
+    assert printed.out.strip() == f"wrote {out}: {len(rows) - 1} rows, {len(rows[0])} columns"
+    assert "1 assignment without grades yet left out (99_not_yet)" in printed.err
+    assert "workbook export ASSIGNMENT … --format canvas" in printed.err
+    assert main(["--course", str(course.root), "export", "-o", "-"]) == 0  # the CSV itself, on request
+    assert capsys.readouterr().out.startswith("student,")

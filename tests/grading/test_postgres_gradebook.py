@@ -145,7 +145,9 @@ def test_moving_to_postgresql_is_refused_until_the_gradebook_is_migrated(tmp_pat
                                 str(tmp_path / "after.csv")], env=kernel_env(), capture_output=True, text=True)
         assert after.returncode == 0, after.stderr
         assert (tmp_path / "after.csv").read_text() == (tmp_path / "before.csv").read_text()
-        assert "alice" in after.stdout and "2.5" not in after.stdout
+        written = (tmp_path / "after.csv").read_text()
+        assert "alice" in written and "2.5" not in written
+        assert after.stdout.strip() == f"wrote {tmp_path / 'after.csv'}: 2 rows, {len(written.splitlines()[0].split(','))} columns"
         with Course(root).gradebook() as gb:
             assert gb.find_comment("q_cost", NOTEBOOK, assignment, "bob").manual_comment == "see me, bob"
         again = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "gradebook", "migrate"],

@@ -293,3 +293,38 @@ def test_formgrader_as_a_hub_service_runs_jupyterhubs_single_user_server_and_onl
     monkeypatch.delenv("JUPYTERHUB_SERVICE_NAME", raising=False)
     assert open_formgrader(course, None, [], hub=True) == 2
     assert "runs as a JupyterHub service" in capsys.readouterr().err
+
+
+def test_workbook_html_writes_an_offline_page_with_math_and_the_widgets_last_picture(tmp_path):
+    """`workbook html`: formulas as MathML, a widget as the outputs its Output widget held when the
+    notebook was saved (the explorer's picture), no script and nothing to fetch."""
+    import base64
+    import io
+
+    import nbformat
+    import PIL.Image
+
+    from autograder.cli import main
+
+    buffer = io.BytesIO()
+    PIL.Image.new("RGB", (40, 30), (200, 30, 30)).save(buffer, format="PNG")
+    png = base64.b64encode(buffer.getvalue()).decode()
+    state = {"box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_slider", "IPY_MODEL_out"]}},
+             "slider": {"model_name": "IntSliderModel", "state": {"value": 3}},
+             "out": {"model_name": "OutputModel", "state": {"outputs": [
+                 {"output_type": "display_data", "data": {"image/png": png, "text/plain": "<Figure>"}, "metadata": {}}]}}}
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("The scale is $\\sqrt{d_k}$:\n\n$$\\mathrm{softmax}(QK^\\top)$$"),
+        nbformat.v4.new_code_cell("explorer", outputs=[nbformat.v4.new_output(
+            "display_data", {"application/vnd.jupyter.widget-view+json": {"model_id": "box", "version_major": 2},
+                             "text/plain": "VBox(...)"})]),
+    ])
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": state, "version_major": 2}}
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, str(path))
+    assert main(["html", str(path)]) == 0
+    page = (tmp_path / "nb.html").read_text(encoding="utf-8")
+    assert "<math" in page and "$$" not in page and "\\sqrt" not in page.split("</math>")[-1]
+    assert f"data:image/png;base64,{png}" in page  # the widget's last picture
+    assert "<script" not in page.lower() and "Content-Security-Policy" in page
+    assert main(["html", str(tmp_path / "missing.ipynb")]) == 2
