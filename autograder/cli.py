@@ -159,8 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "picture it last showed, no script (nbconvert's page needs the web)")
     p.add_argument("notebook", help="the .ipynb file (a student's work/ copy, a solution, an autograded one)")
     p.add_argument("-o", "--output", help="the page to write (default: beside the notebook, .html)")
-    p = sub.add_parser("status", help="table of students × notebooks")
+    p = sub.add_parser("status", help="table of students × notebooks (one block an assignment where one table "
+                                      "would not fit the terminal)")
     p.add_argument("assignments", nargs="*")
+    p.add_argument("--wide", action="store_true", help="one table, however wide")
 
     p = sub.add_parser("due", help="show the due dates, or set one (late work is marked, and penalised as "
                                    "nbgrader_config.py says)")
@@ -272,9 +274,12 @@ def _release(course: Course, args: argparse.Namespace) -> int:
 
 
 def _collect(course: Course, args: argparse.Namespace) -> int:
+    from .course import write_json_atomic
     from .pipeline.collect import collect, collect_exchange
-    from .platforms.lms_roster import roster_file_ids
-    roster = roster_file_ids(args.roster) if args.roster else None
+    from .platforms.lms_roster import roster_file_names
+    from .reports.status import missing_words
+    names = roster_file_names(args.roster) if args.roster else None
+    roster = set(names) if names is not None else None
     if args.exchange:
         clash = [flag for flag, given in (("SOURCE", args.source), ("--pattern", args.pattern),
                                           ("--timezone", args.timezone)) if given]
@@ -304,6 +309,12 @@ def _collect(course: Course, args: argparse.Namespace) -> int:
         print(f"  ERROR {shown(line, 400)}", file=sys.stderr)
     print(f"{verb} {len(result.imported)} students; {len(result.rejected)} rejected; {len(result.ignored)} files "
           f"ignored; {len(result.errors)} errors")
+    if names is not None:
+        if not args.dry_run:
+            write_json_atomic(course.roster_path, {"source": str(args.roster), "students": names})
+        for assignment in sorted({a for a in [args.exchange or args.assignment] if a} or
+                                 set(course.submitted_assignments())):
+            print(missing_words(course, assignment, names, result.imported))
     return 1 if result.errors or result.rejected else 0
 
 
@@ -531,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             return open_formgrader(course, args.assignment, extra, hub=args.hub)
         if args.command == "status":
             from .reports.status import status_table
-            print(status_table(course, args.assignments or None))
+            print(status_table(course, args.assignments or None, wide=args.wide))
             return 0
     except (CourseError, FileNotFoundError) as exc:
         print(f"workbook {args.command}: {exc}", file=sys.stderr)

@@ -188,6 +188,24 @@ class Course:
     def collect_log_path(self, assignment: str) -> Path:
         return self.reports_dir / assignment / "_collect.json"
 
+    @property
+    def roster_path(self) -> Path:
+        """The roster of the last ``collect --roster``: every id, with the name it gives."""
+        return self.grading_dir / "roster.json"
+
+    def roster(self) -> dict[str, str]:
+        """``{student id: display name}`` of the last roster collect was given ({} without one);
+        the names are the LMS's, shown through the outbound door like every student string."""
+        data = read_json(self.roster_path, {}) or {}
+        students = data.get("students", {}) if isinstance(data, dict) else {}
+        return {str(k): str(v) for k, v in students.items()} if isinstance(students, dict) else {}
+
+    def shown_student(self, student: str, names: dict[str, str] | None = None) -> str:
+        """A student id for the terminal, with the roster's name beside it where there is one."""
+        from ..doors.intake import shown
+        name = (self.roster() if names is None else names).get(student, "")
+        return shown(student, 64) + (f" ({shown(name, 60)})" if name else "")
+
     def setting(self, section: str, name: str, default: Any) -> Any:
         """A value from nbgrader_config.py (``c.<section>.<name>``), or ``default``."""
         if section in self.config and name in self.config[section]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ..course import CourseError
 
-__all__ = ["Roster", "LmsStudent", "LmsColumn", "read_roster", "roster_ids", "roster_file_ids", "MOODLE_KEYS"]
+__all__ = ["Roster", "LmsStudent", "LmsColumn", "read_roster", "roster_ids", "roster_file_ids", "roster_file_names",
+           "MOODLE_KEYS"]
 
 MOODLE_KEYS = ("Username", "Email address", "ID number")  # the user fields an import can map from, in that order
 _CANVAS_NOT_ASSIGNMENTS = ("Current Score", "Current Points", "Current Grade", "Final Score", "Final Points",
@@ -183,6 +184,30 @@ def roster_ids(roster: Roster) -> set[str]:
 # ---------------------------------------------------------------------------
 # Matching
 # ---------------------------------------------------------------------------
+
+
+def _display_name(roster: Roster, student: LmsStudent) -> str:
+    """"Last, First" as the LMS's export writes its student (Canvas's Student column already
+    is), "" where it names no one."""
+    f = student.fields
+    if roster.lms == "canvas":
+        return next((f[k] for k in f if "Student" in k and f[k]), "")
+    last = f.get("Last Name") or f.get("Last name") or f.get("Surname") or ""
+    first = f.get("First Name") or f.get("First name") or ""
+    return ", ".join(part for part in (last, first) if part)
+
+
+def roster_file_names(path: str | Path) -> dict[str, str]:
+    """Each student id of a roster file (as :func:`roster_file_ids` reads them) with the display
+    name the roster gives ("" where it gives none: a plain list of ids)."""
+    ids = roster_file_ids(path)
+    try:
+        roster = read_roster(path)
+    except CourseError:
+        return dict.fromkeys(sorted(ids), "")
+    column = {"canvas": "ID", "blackboard": "Username", "workbook": "id"}.get(roster.lms, "")
+    names = {s.fields.get(column, ""): _display_name(roster, s) for s in roster.students}
+    return {sid: names.get(sid, "") for sid in sorted(ids)}
 
 
 def roster_file_ids(path: str | Path) -> set[str]:

@@ -213,8 +213,10 @@ def test_the_export_command(course, capsys):
     assert main(["--course", str(course.root), "export", "--format", "moodle"]) != 0  # refused, with the reason
 
 
-def test_collect_reads_an_lms_export_as_its_roster(course, tmp_path):
-    """Canvas names a submission's files by its user id: its gradebook export is the roster."""
+def test_collect_reads_an_lms_export_as_its_roster(course, tmp_path, capsys):
+    """Canvas names a submission's files by its user id: its gradebook export is the roster. Its
+    names are shown beside the ids (escaped: a name is the LMS's, and may be anything), and the
+    roster's students who handed nothing in are named, by collect and by status."""
     import shutil
     course, base = course
     course = Course(shutil.copytree(course.root, tmp_path / "course"))  # the module's course stays as it is
@@ -227,6 +229,13 @@ def test_collect_reads_an_lms_export_as_its_roster(course, tmp_path):
     main(["--course", str(course.root), "collect", str(download), "-a", NOTEBOOK, "--roster", roster])
     assert course.submission_dir("101", NOTEBOOK).is_dir()
     assert not course.submission_dir("555", NOTEBOOK).exists()
+    collected = capsys.readouterr().out
+    assert f"{NOTEBOOK}: 3 roster students without a submission: 102 (Builder, Bob), 103 (" in collected
+    assert "999 (Student, Test)" in collected and "\x1b" not in collected.replace("\\x1b", "")
+    assert main(["--course", str(course.root), "status", NOTEBOOK]) == 0
+    status = capsys.readouterr().out
+    assert "101 (Liddell, Alice)" in status and "3 roster students without a submission" in status
+    assert "\x1b" not in status
 
 
 def test_an_lms_export_leaves_out_the_assignments_without_grades_and_says_one_line(course, tmp_path, capsys):
@@ -248,3 +257,20 @@ def test_an_lms_export_leaves_out_the_assignments_without_grades_and_says_one_li
     assert "workbook export ASSIGNMENT … --format canvas" in printed.err
     assert main(["--course", str(course.root), "export", "-o", "-"]) == 0  # the CSV itself, on request
     assert capsys.readouterr().out.startswith("student,")
+
+
+def test_status_fits_the_terminal_one_block_an_assignment(course, tmp_path):
+    """Side by side, every notebook of every assignment made lines of ~260 columns: past the
+    terminal's width each assignment gets a block of its own (``--wide`` keeps one table)."""
+    import shutil
+
+    from autograder.reports.status import status_table
+    course, base = course
+    course = Course(shutil.copytree(course.root, tmp_path / "course"))
+    with course.gradebook() as gb:
+        gb.update_or_create_assignment("99_not_yet")
+    narrow = status_table(course, width=30)
+    assert f"\n{NOTEBOOK}:\n" in "\n" + narrow and "\n99_not_yet:\n" in narrow
+    wide = status_table(course, width=30, wide=True)
+    assert "99_not_yet:" not in wide and wide.splitlines()[0].startswith("student")
+    assert status_table(course, width=1000) == wide  # it fits: one table

@@ -52,7 +52,9 @@ def test_status_shows_answers_awaiting_manual_grading(generated_class):
     assert status.returncode == 0, status.stderr
     rows = [line for line in status.stdout.splitlines() if line.startswith("s0")]
     assert len(rows) == 30 and all(f"✎{pending:g}" in line for line in rows)
-    assert f"await manual grading ({30 * pending:g} points in all)" in status.stdout
+    assert f"await a person ({30 * pending:g} points in all)" in status.stdout
+    assert "`workbook formgrader 03_self_attention`" in status.stdout  # the command that grades them
+    assert "REJECTED" not in status.stdout and "collected:" not in status.stdout  # only what appears is explained
 
 
 def test_a_graded_answer_no_longer_awaits(generated_class, tmp_path):
