@@ -187,6 +187,12 @@ def lms_export(course: Course, lms: str, roster_path: str | None = None, assignm
     else:
         found, left = {}, []
     header, rows, quote_all = _layout(lms, course, roster, columns, students, found, scores, people, notes, left)
+    if roster is not None:
+        silent = len(roster.students) - len(found)
+        if silent > 0:
+            notes.append(f"{silent} student{'s' if silent != 1 else ''} of the LMS's roster handed nothing in (or are "
+                         "not in the gradebook): they are not in the file, so the LMS keeps their cells as they are "
+                         "(empty: no grade; enter 0 there, or use its missing-submission policy)")
     notes[:0] = [f"left out: {why}" for why in left]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n", quoting=csv.QUOTE_ALL if quote_all else csv.QUOTE_MINIMAL)

@@ -53,7 +53,8 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
     ``problems`` (the number of problems found while grading),
     ``unverified`` (notebooks graded with ``--unsafe-no-sandbox``, whose grades are not
     verified) and ``flags`` (items whose solution uses or closely matches course_lib's
-    reference, for the instructor to look at).
+    reference, for the instructor to look at). A student of the last ``collect --roster`` who
+    has handed nothing in has a row too, with 0 for every notebook and "nothing handed in".
     """
     with course.gradebook() as gb:
         assignments = assignments or sorted(a.name for a in gb.assignments)
@@ -63,7 +64,13 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
             "total", "max_total", "auto", "manual", "awaiting_manual", "late", "late_penalty", "problems",
             "unverified", "flags"]
         rows = []
-        for student in sorted(s.id for s in gb.students):
+        known = {s.id for s in gb.students}
+        for student in sorted(set(course.roster()) - known):  # the roster's, with nothing handed in
+            rows.append({"student": student, **{f"{a}/{n}": 0.0 for a, n, _ in notebooks}, "total": 0.0,
+                         "max_total": float(sum(m for _, _, m in notebooks)), "auto": 0.0, "manual": 0.0,
+                         "awaiting_manual": 0.0, "late": "", "late_penalty": 0.0, "problems": 0, "unverified": "",
+                         "flags": "nothing handed in"})
+        for student in sorted(known):
             row: dict = {"student": student}
             total = auto = manual = awaiting = penalty = 0.0
             late: list[str] = []
@@ -103,6 +110,7 @@ def grade_rows(course: Course, assignments: list[str] | None = None) -> tuple[li
             row["unverified"] = "; ".join(unverified)
             row["flags"] = "; ".join(flags)
             rows.append(row)
+    rows.sort(key=lambda r: r["student"])
     return columns, rows
 
 

@@ -236,6 +236,9 @@ def test_collect_reads_an_lms_export_as_its_roster(course, tmp_path, capsys):
     status = capsys.readouterr().out
     assert "101 (Liddell, Alice)" in status and "3 roster students without a submission" in status
     assert "\x1b" not in status
+    assert main(["--course", str(course.root), "export", "-o", str(tmp_path / "grades.csv")]) == 0
+    by_id = {r["student"]: r for r in csv.DictReader(io.StringIO((tmp_path / "grades.csv").read_text()))}
+    assert by_id["102"]["total"] == "0" and by_id["102"]["flags"] == "nothing handed in"  # in the CSV, as 0
 
 
 def test_an_lms_export_leaves_out_the_assignments_without_grades_and_says_one_line(course, tmp_path, capsys):
