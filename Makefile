@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  echo "(Debian/Ubuntu: sudo apt-get install python3-venv, or python3.1x-venv for a python3.1x)" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 # --- end of the virtualenv ---
 

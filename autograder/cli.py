@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("assignments", nargs="*")
     p.add_argument("-s", "--student", action="append")
     p.add_argument("-j", "--workers", type=_positive, help="students rendered at once (default: one per core)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser("export", help="write the grades CSV, or an LMS's grade-import file")
     p.add_argument("assignments", nargs="*",
@@ -409,7 +410,20 @@ def _feedback(course: Course, args: argparse.Namespace) -> int:
         if not any(course.report_path(a, student).is_file() for a in assignments):
             raise CourseError(f"no graded work of student {student!r} in {', '.join(assignments)}")
     for assignment in assignments:
-        written = generate_feedback(course, assignment, args.student, workers=args.workers or default_jobs())
+        bar = []
+
+        def progress(n: int, assignment: str = assignment) -> None:
+            if args.quiet:
+                return
+            if n:
+                from tqdm.auto import tqdm
+                bar.append(tqdm(total=n, desc=f"feedback {assignment}", unit="student"))
+            elif bar:
+                bar[0].update(1)
+        written = generate_feedback(course, assignment, args.student, workers=args.workers or default_jobs(),
+                                    progress=progress)
+        if bar:
+            bar[0].close()
         print(f"{assignment}: feedback for {len(written)} students in {course.feedback_dir}")
     return 0
 

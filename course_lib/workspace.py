@@ -123,7 +123,10 @@ def _run(command: list[str], env: dict[str, str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.workspace", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.workspace", description=__doc__.split("\n\n")[0],
+        epilog="Any other option goes to JupyterLab as it is, e.g. --port 8890 --no-browser "
+               "(jupyter lab --help lists them).")
     parser.add_argument("--notebooks", default=str(REPO / "notebooks"), help="the course's notebooks")
     parser.add_argument("--work", default=str(REPO / "work"), help="the student's working copies")
     args, lab_args = parser.parse_known_args(argv)

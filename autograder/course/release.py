@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from traitlets.config import Config
 
@@ -120,13 +121,16 @@ def release(which: list[str] | None = None, course: Course | None = None, record
     return [generate(a, course.release_dir, course, record) for a in (which or assignments(course))]
 
 
-def out_of_date(which: list[str] | None = None, course: Course | None = None) -> list[str]:
-    """Files of the release folder that differ from a fresh generation (empty if in sync)."""
+def out_of_date(which: list[str] | None = None, course: Course | None = None,
+                progress: Callable[[str], None] = lambda assignment: None) -> list[str]:
+    """Files of the release folder that differ from a fresh generation (empty if in sync);
+    ``progress(assignment)`` hears of each assignment as its generation starts."""
     course = _course(course)
     source_name, release_name = course.source_dir.name, course.release_dir.name
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="workbook-check-") as tmp:
         for assignment in which or assignments(course):
+            progress(assignment)
             fresh = generate(assignment, Path(tmp), course)
             committed = course.release_dir / assignment
             if not committed.is_dir():
@@ -149,8 +153,16 @@ def out_of_date(which: list[str] | None = None, course: Course | None = None) ->
 def check(course: Course, which: list[str] | None, regenerate: str) -> int:
     """Print whether the release folder is in sync (naming each file that is not, and the
     ``regenerate`` command); 0 when it is, 1 when not."""
-    problems = out_of_date(which, course)
     release_name, source_name = course.release_dir.name, course.source_dir.name
+    names = which or assignments(course)
+    done = []
+
+    def progress(assignment: str) -> None:  # one line that grows: nbgrader takes seconds an assignment
+        done.append(assignment)
+        print(f"\rchecking {release_name}/ against {source_name}/: {len(done)}/{len(names)} ({assignment})"
+              .ljust(100), end="", flush=True)
+    problems = out_of_date(names, course, progress)
+    print("\r" + " " * 100 + "\r", end="")
     if problems:
         print(f"{release_name}/ is out of date with {source_name}/:")
         print("\n".join(f"  - {p}" for p in problems))

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.converters import GenerateFeedback
@@ -296,10 +297,11 @@ class _Bounded:
 
 
 def bounded_many(calls: list[tuple], workers: int, memory_mb: int = FEEDBACK_MEMORY_MB,
-                 seconds: float = FEEDBACK_SECONDS) -> list[str]:
+                 seconds: float = FEEDBACK_SECONDS, done: Callable[[], None] = lambda: None) -> list[str]:
     """Run each ``(target, args)`` of ``calls`` in a forked process with ``memory_mb`` more address
     space than this one maps and ``seconds`` of time, up to ``workers`` at once; for each, in order,
-    "" when it finished, else why not. One student's pages can then never cost the others theirs."""
+    "" when it finished, else why not (``done()`` hears of each as it ends). One student's pages can
+    then never cost the others theirs."""
     results: list[str | None] = [None] * len(calls)
     running: dict[int, _Bounded] = {}
     queue = list(enumerate(calls))
@@ -314,12 +316,16 @@ def bounded_many(calls: list[tuple], workers: int, memory_mb: int = FEEDBACK_MEM
             if render.conn in ready or time.monotonic() >= render.deadline:
                 results[index] = render.finish()
                 del running[index]
+                done()
     return [r if r is not None else "" for r in results]
 
 
 _TOC = {"Test cell": "Test of {}", "Written response": "Written answer {}", "Coding free-response": "Code {}"}
 _WRAP = ("<style>/* long report and hint lines wrap instead of scrolling */ div.output_area pre, div.output_text pre, "
-         ".workbook-grading-notes li { white-space: pre-wrap; overflow-wrap: anywhere; }</style>")
+         ".workbook-grading-notes li { white-space: pre-wrap; overflow-wrap: anywhere; }"
+         " /* markdown tables as JupyterLab draws them */ .text_cell_render table { border-collapse: collapse; "
+         "margin: 0.5em 0; } .text_cell_render th, .text_cell_render td { border: 1px solid #bbb; "
+         "padding: 0.2em 0.6em; text-align: left; } .text_cell_render th { background: #f2f2f2; }</style>")
 
 
 def _readable(text: str) -> str:
@@ -344,11 +350,12 @@ def _finish_page(page: Path, budget_mb: float) -> None:
 
 
 def generate_feedback(course: Course, assignment: str, students: list[str] | None = None,
-                      workers: int = 1) -> dict[str, list[Path]]:
+                      workers: int = 1, progress: Callable[[int], None] | None = None) -> dict[str, list[Path]]:
     """Write ``grading/feedback/<student>/<assignment>/<notebook>.html``; return the files.
     Each student's pages are rendered in a process of their own, within a memory and time
     budget, ``workers`` students at once; a page is kept under ``c.Intake.feedback_mb``
-    (outputs past it left out)."""
+    (outputs past it left out). ``progress(n)`` is told how many students there are to render
+    (n > 0), then once (n = 0) as each student's pages are done."""
     from ..course.settings import intake_limits
     budget = intake_limits(course).feedback_mb
     reports = course.reports_dir / assignment
@@ -364,9 +371,11 @@ def generate_feedback(course: Course, assignment: str, students: list[str] | Non
     graded = [s for s, report in records.items()
               if any(course.autograded_path(s, assignment, n).exists() for n in report["notebooks"])]
     # the batch's pages share their compiled templates (the folder is this run's own, mode 0700)
+    if progress:
+        progress(len(graded))
     with tempfile.TemporaryDirectory(prefix="workbook-feedback-templates-") as compiled:
         errors = bounded_many([(_nbgrader_feedback, (course, assignment, s, budget, compiled)) for s in graded],
-                              workers)
+                              workers, done=(lambda: progress(0)) if progress else (lambda: None))
     for student, error in zip(graded, errors):
         if error:  # reported on the page, and the batch goes on
             for record in records[student]["notebooks"].values():
