@@ -51,16 +51,18 @@ class Grading:
     status: str = "missing"  # graded, failed, or missing (no report)
     problems: list[str] = field(default_factory=list)  # problem kinds
     items: dict[str, dict] = field(default_factory=dict)  # item -> ItemResult data
+    awaiting: float = 0.0  # points of written answers no person has graded yet
 
 
 def _gradebook_rows(course: Course, assignment: str) -> list[tuple]:
-    """(student, notebook, grade id, auto, manual, extra credit, max) for every grade of
-    the assignment, in one query."""
+    """(student, notebook, grade id, auto, manual, extra credit, max, needs a person, the cell's
+    kind) for every grade of the assignment, in one query."""
     from nbgrader.api import Assignment, BaseCell, Grade, Notebook, SubmittedAssignment, SubmittedNotebook
 
     with course.gradebook() as gb:
         query = (gb.db.query(SubmittedAssignment.student_id, Notebook.name, BaseCell.name, Grade.auto_score,
-                             Grade.manual_score, Grade.extra_credit, Grade.max_score)
+                             Grade.manual_score, Grade.extra_credit, Grade.max_score, Grade.needs_manual_grade,
+                             BaseCell.type)
                  .join(SubmittedNotebook, Grade.notebook_id == SubmittedNotebook.id)
                  .join(Notebook, SubmittedNotebook.notebook_id == Notebook.id)
                  .join(SubmittedAssignment, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
@@ -78,8 +80,10 @@ def load_gradings(course: Course, assignments: list[str] | None = None) -> list[
     out: list[Grading] = []
     for assignment in assignments:
         by_key: dict[tuple[str, str], Grading] = {}
-        for student, notebook, cell, auto, manual, extra, max_score in _gradebook_rows(course, assignment):
+        for student, notebook, cell, auto, manual, extra, max_score, needs, kind in _gradebook_rows(course, assignment):
             g = by_key.setdefault((student, notebook), Grading(assignment, notebook, student, 0.0, 0.0, 0.0, 0.0))
+            if needs and manual is None and kind == "MarkdownCell":  # a written answer nobody has graded yet
+                g.awaiting += float(max_score or 0.0)
             person = manual is not None or extra is not None
             score = (manual if manual is not None else (auto or 0.0)) + (extra or 0.0)
             g.score += score
@@ -176,7 +180,7 @@ def summarize(gradings: list[Grading], names: bool = False) -> dict[str, Any]:
     all_found: dict[tuple, set] = defaultdict(set)
     for assignment, gs in sorted(by_assignment.items()):
         students = sorted({g.student for g in gs}, key=lambda s: labels[s])
-        totals = {s: [0.0, 0.0, 0.0, 0.0] for s in students}  # score, max, auto, manual
+        totals = {s: [0.0, 0.0, 0.0, 0.0, 0.0] for s in students}  # score, max, auto, manual, awaiting
         kinds: Counter = Counter()
         with_problems = set()
         items: dict[str, dict] = {}
@@ -188,6 +192,7 @@ def summarize(gradings: list[Grading], names: bool = False) -> dict[str, Any]:
             t[1] += g.max_score
             t[2] += g.auto
             t[3] += g.manual
+            t[4] += g.awaiting
             if g.problems:
                 with_problems.add(g.student)
                 kinds.update(set(g.problems))
@@ -205,6 +210,9 @@ def summarize(gradings: list[Grading], names: bool = False) -> dict[str, Any]:
                 if _not_attempted(result):  # the stub as released: nothing to recognise
                     entry["not_attempted"] += 1
                     continue
+                # a student whose item a catalogued mistake explains is counted under that mistake only,
+                # not again under "not recognised" for the item's other failing sub-checks
+                explained = any(_failed(r) and r.get("mistake") for r in result.get("results", []))
                 for r in result.get("results", []):
                     sub = entry["subchecks"].setdefault(r["title"], {"title": r["title"], "points": r["points"],
                                                                      "hidden": r.get("hidden", False),
@@ -216,7 +224,7 @@ def summarize(gradings: list[Grading], names: bool = False) -> dict[str, Any]:
                     message = r.get("message", "")
                     if r.get("mistake"):
                         found[(assignment, item, r["mistake"])].add(g.student)
-                    elif message != "not run" and not result.get("reference_used"):
+                    elif message != "not run" and not result.get("reference_used") and not explained:
                         key = (item, r["title"], difference_kind(message))
                         group = unknown.setdefault(key, {"assignment": assignment, "item": item,
                                                          "subcheck": r["title"], "kind": key[2],
@@ -248,8 +256,8 @@ def summarize(gradings: list[Grading], names: bool = False) -> dict[str, Any]:
         max_total = max((t[1] for t in totals.values()), default=0.0)
         out["assignments"][assignment] = {
             "students": len(students), "max_score": max_total,
-            "scores": [{"student": labels[s], "score": t[0], "max_score": t[1], "auto": t[2], "manual": t[3]}
-                       for s, t in totals.items()],
+            "scores": [{"student": labels[s], "score": t[0], "max_score": t[1], "auto": t[2], "manual": t[3],
+                        "awaiting": t[4]} for s, t in totals.items()],
             "with_problems": len(with_problems), "problem_kinds": dict(kinds.most_common()),
             "items": item_rows, "mistakes": _mistake_rows(found, labels, of, names),
             "unrecognised": unrecognised,

@@ -39,7 +39,9 @@ def score_figure(data: dict, assignment: str):  # a matplotlib Figure
     ax.set_xlabel(f"points (of {top:g})")
     ax.set_ylabel("students")
     ax.set_title(f"{assignment}: scores of {len(scores)} students")
-    ax.legend()
+    # below the axes: inside, the legend covered the first bars (where the students with 0 are)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize="small", frameon=False)
+    fig.tight_layout()
     return fig
 
 

@@ -69,8 +69,12 @@ def render_html(data: dict) -> str:
         mean = sum(s["score"] for s in a["scores"]) / max(1, len(a["scores"]))
         auto = sum(s["auto"] for s in a["scores"]) / max(1, len(a["scores"]))
         manual = sum(s["manual"] for s in a["scores"]) / max(1, len(a["scores"]))
+        awaiting = max((s.get("awaiting", 0.0) for s in a["scores"]), default=0.0)
+        waiting = (f"; up to {awaiting:g} points of written answers still wait for a person "
+                   f"(<code>workbook formgrader {_e(assignment)}</code>), so the mean is not final"
+                   if awaiting else "")
         parts.append(f"<p>{a['students']} students; mean {mean:.1f} of {a['max_score']:g} points "
-                     f"({auto:.1f} automatic, {manual:.1f} manual). {a['with_problems']} submissions had "
+                     f"({auto:.1f} automatic, {manual:.1f} manual{waiting}). {a['with_problems']} submissions had "
                      "problems while grading" + (": " + ", ".join(f"{_e(k)} ({n})" for k, n in
                                                                  a["problem_kinds"].items()) if a["problem_kinds"]
                                                   else "") + f". Every count below is out of these "

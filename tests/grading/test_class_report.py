@@ -235,3 +235,28 @@ def test_stubs_are_not_attempted_counts_share_one_denominator_and_examples_end_o
     figure = score_figure(a, "01_a")
     ticks = figure.axes[0].get_yticks()
     assert len(ticks) > 1 and all(float(t).is_integer() for t in ticks)
+
+
+def test_a_named_mistake_is_counted_once_and_waiting_answers_are_said():
+    """The wrong-axis student: one sub-check names the mistake, a hidden one fails too; the student
+    is counted under the mistake, not again under "not recognised". The page says how many points
+    of written answers still wait for a person, and the legend sits below the bars."""
+    from autograder.reports.class_data import Grading, summarize
+    from autograder.reports.class_plots import score_figure
+    from autograder.reports.class_report import render_html
+
+    results = {"x": {"item": "x", "graded": True, "total_points": 2.0, "reference_used": "", "notes": [],
+                     "results": [{"title": "visible", "points": 1.0, "earned": 0.0, "hidden": False,
+                                  "message": "On q: differs\nLikely cause: the softmax axis", "mistake": "axis"},
+                                 {"title": "hidden", "points": 1.0, "earned": 0.0, "hidden": True,
+                                  "message": "On other shapes: differs", "mistake": ""}]}}
+    gradings = [Grading("01_a", "01_a", "s1", 0.0, 14.0, 0.0, 0.0, {"test_x": (0.0, 2.0)}, "graded", [], results,
+                        awaiting=12.0)]
+    data = summarize(gradings, names=True)
+    a = data["assignments"]["01_a"]
+    assert [m["mistake"] for m in a["mistakes"]] == ["axis"] and a["unrecognised"] == []
+    page = render_html(data)
+    assert "up to 12 points of written answers still wait for a person" in page
+    assert "workbook formgrader 01_a" in page
+    legend = score_figure(a, "01_a").axes[0].get_legend()
+    assert legend.get_bbox_to_anchor().y1 < legend.axes.bbox.y0 + 1  # (below the axes)
