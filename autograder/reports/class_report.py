@@ -19,7 +19,7 @@ __all__ = ["render_html", "write_class_report"]
 
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1.5em; max-width: 70em; color: #222; }
 h1 { border-bottom: 2px solid #444; } h2 { margin-top: 2em; border-bottom: 1px solid #aaa; }
 table { border-collapse: collapse; margin: 0.6em 0 1.2em; } td, th { border: 1px solid #ccc; padding: 0.25em 0.6em; }
 th { background: #f2f2f2; text-align: left; } td.n { text-align: right; font-variant-numeric: tabular-nums; }

@@ -50,6 +50,7 @@ class Item:
     notebook: str
     kind: str  # "code" or "text" (a written answer)
     template: np.ndarray  # every k-gram of the released notebook's cells of this kind (sorted)
+    canonical: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))  # the solution's k-grams
     answers: dict[str, str] = field(default_factory=dict)  # student -> the answer cell's source
     prints: dict[str, Fingerprints] = field(default_factory=dict)  # student -> its fingerprints, once taken
     reference: str | None = None  # course_lib's reference (source), code items only
@@ -147,8 +148,23 @@ def _released_items(course: Course, assignment: str) -> list[Item]:
                     [kgram_hashes(tokens(t).words, settings.k) for t in (code if kind == "code" else text)]
                     + [np.empty(0, dtype=np.uint64)]))
             items.append(Item(gid, notebook, kind, templates[kind],
-                              reference=reference_source(gid) if kind == "code" else None))
+                              reference=reference_source(gid) if kind == "code" else None,
+                              canonical=_solution_kgrams(course, assignment, notebook, gid) if kind == "code"
+                              else np.empty(0, dtype=np.uint64)))
     return items
+
+
+def _solution_kgrams(course: Course, assignment: str, notebook: str, gid: str) -> np.ndarray:
+    """The k-grams of the item's cell in the course's solution notebook (the instructor's own
+    answer), empty where there is none."""
+    import nbformat
+    path = course.source_dir / assignment / f"{notebook}.ipynb"
+    if not path.is_file():
+        return np.empty(0, dtype=np.uint64)
+    nb = nbformat.read(str(path), as_version=4)
+    sources = [c.source for c in nb.cells if c.cell_type == "code" and nbgrader_meta(c).get("grade_id") == gid]
+    return np.unique(np.concatenate([kgram_hashes(code_tokens(s).words, CODE.k) for s in sources]
+                                    + [np.empty(0, dtype=np.uint64)]))
 
 
 def _read_students(course: Course, assignment: str, items: list[Item], students: list[str]) \
@@ -243,7 +259,7 @@ def compare_item(item: Item, threshold: float, frequency: tuple[np.ndarray, np.n
             tokens[who] = item.tokens(item.reference if who == REFERENCE else item.answers[who])
         return tokens[who].words
     reference = item.fingerprints(item.reference) if item.reference is not None else None
-    index = ItemIndex(students, prints, words, item.settings, reference, item.template, frequency)
+    index = ItemIndex(students, prints, words, item.settings, reference, item.template, frequency, item.canonical)
     floor = threshold / 2
     pairs = [index.judge(p, threshold) for p in index.similar_pairs(floor) + index.reference_pairs(floor)]
     pairs.sort(key=lambda p: (-p.similarity, p.a, p.b))

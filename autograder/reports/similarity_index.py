@@ -23,7 +23,9 @@ index from fingerprint to students, and the pairs that share more than chance ex
   copied with its checks left out, still scores near 1. It is *flagged* at the threshold
   only when the shared fragments cover at least ``min_tokens`` tokens of both answers,
   outside the released notebook: a short answer (a one-line mask) is never flagged on its
-  own, however alike.
+  own, however alike. Against course_lib's reference, the notebook's own solution is left out
+  as well: it is what a natural answer looks like (the four lines of a ``SelfAttention`` are
+  the reference's whoever wrote them), and only what a copy takes beyond it is evidence.
 
 Why not copydetect (PyPI), the maintained Python engine of this kind: it compares every
 pair of files (``CopyDetector`` loops over all of them; ``compare_files`` took 110 µs a
@@ -155,10 +157,14 @@ class ItemIndex:
     def __init__(self, students: list[str], prints: list[Fingerprints], words: Callable[[str], list[str]],
                  settings: Settings, reference: Fingerprints | None = None,
                  template: np.ndarray | None = None,
-                 frequency: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                 frequency: tuple[np.ndarray, np.ndarray] | None = None,
+                 canonical: np.ndarray | None = None) -> None:
         self.students, self.prints, self.words, self.settings = students, prints, words, settings
         self.reference = reference
         self.template = template if template is not None else np.empty(0, dtype=np.uint64)
+        # the notebook's own solution (k-grams): what a natural answer looks like; an answer shares
+        # it with course_lib's reference whoever wrote it, so against the reference it is no evidence
+        self.canonical = canonical if canonical is not None else np.empty(0, dtype=np.uint64)
         self.sets = [p.unique() for p in prints]
         self._at = {s: i for i, s in enumerate(students)}
         n = len(students)
@@ -266,11 +272,12 @@ class ItemIndex:
         (pa, wa, sa), (pb, wb, sb) = self._side(a), self._side(b)
         common = np.intersect1d(sa, sb)
         common = common[self.weight(self.df_of(common)) > 0]
+        # against the reference, what the notebook's own solution has is left out too (a natural answer)
+        known = np.union1d(self.template, self.canonical) if REFERENCE in (a, b) else self.template
         masks = []
         for prints, words in ((pa, wa), (pb, wb)):
             shared = self._spread(prints.positions[within(prints.hashes, common)], len(words))
-            released = self._spread(np.flatnonzero(within(kgram_hashes(words, self.settings.k), self.template)),
-                                    len(words))
+            released = self._spread(np.flatnonzero(within(kgram_hashes(words, self.settings.k), known)), len(words))
             masks.append(shared & ~released)
         return masks[0], masks[1]
 

@@ -18,6 +18,7 @@ from autograder.cli import main
 from autograder.course import Course
 from autograder.reports.similarity import compare_class, read_class
 from autograder.reports.similarity_tokens import MAX_CHARS
+from conftest import ROOT
 from similarity_class import (ASSIGNMENT, CAUSAL, CLUSTERS, PAD, PLANTED, SDPA, SELF, _fn, canonical_class,
                               the_class, write_course, write_submission)
 
@@ -211,3 +212,21 @@ def test_what_the_command_refuses(planted, capsys):
         assert main(["--course", str(planted), "similarity", ASSIGNMENT, "--threshold", bad,
                      "--csv", str(planted / "x.csv"), "--html", str(planted / "x")]) == 2
         assert "threshold" in capsys.readouterr().err
+
+
+def test_the_natural_short_answer_is_no_evidence_against_the_reference(tmp_path, capsys):
+    """The four natural lines of a SelfAttention are course_lib's reference whoever writes them:
+    matched against the reference, what the notebook's own solution has is left out, so the
+    student who wrote them is not flagged; a pasted reference (its argument checks, its helpers)
+    still is."""
+    import shutil
+
+    from similarity_class import SELF_OWN, _module
+    students = {**{f"h{i}": s for i, s in enumerate(canonical_class(6).values())},
+                "natural": {SELF: _module(SELF_OWN["call"])}}
+    root = write_course(tmp_path, students)
+    shutil.copytree(ROOT / "solutions" / ASSIGNMENT, root / "solutions" / ASSIGNMENT)
+    assert main(["--course", str(root), "similarity", ASSIGNMENT]) == 0
+    found = rows(root / "grading" / "similarity" / ASSIGNMENT / "similarity.csv")
+    natural = [r for r in found if r["item"] == SELF and "natural" in (r["student_a"], r["student_b"])]
+    assert not any(r["flagged"] == "true" for r in natural), natural
