@@ -29,6 +29,8 @@ import ast
 import json
 import re
 import shutil
+import subprocess
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -308,24 +310,41 @@ def _add_colab_cells(notebooks: Path, url: str) -> int:
     return count
 
 
+EDITION_MARK = ".workbook-edition"  # in an edition's folder: what made it (the course's repository), kept in git
+
+
 def write_edition(course: Course, out: Path, repo: Path | None = None, install_url: str | None = None) -> list[str]:
-    """Write the student edition of the course's repository into ``out`` (which must not
-    exist or be empty); returns what it wrote, one line per part. Refuses if anything of a
-    solution, a hidden test or a model answer would be in it. With ``install_url``, each
-    notebook starts with :func:`colab_cell` (the course installed from there on Colab)."""
+    """Write the student edition of the course's repository into ``out``, a git repository:
+    made when ``out`` does not exist or is empty, updated in place (one commit of the change)
+    when it is an edition made before; any other folder is refused. Returns what it wrote, one
+    line per part. Refuses if anything of a solution, a hidden test or a model answer would be in
+    it. With ``install_url``, each notebook starts with :func:`colab_cell` (the course installed
+    from there on Colab). Students clone it and ``git pull`` each update: their own copies live
+    in ``work/``, which git ignores (``make lab`` offers a changed notebook beside theirs)."""
     repo = repo or course.root
     if install_url is not None:
         check_install_url(install_url)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise CourseError(f"{out} is not empty: the student edition goes into a new folder")
+    update = (out / EDITION_MARK).is_file() and (out / ".git").is_dir()
+    if out.exists() and any(out.iterdir()) and not update:
+        raise CourseError(f"{out} is not empty and not a student edition made before: the student edition goes "
+                          "into a new folder, or updates one it made")
     if out.resolve().is_relative_to(repo.resolve()):
         raise CourseError(f"{out} is inside the course's repository; write the student edition elsewhere")
     from ..course.release import out_of_date
     stale = out_of_date(None, course)
     if stale:
         raise CourseError(f"notebooks/ is out of date ({', '.join(stale)}): run `workbook release` first")
-    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="workbook-edition-") as staging:
+        built = Path(staging) / "edition"
+        lines = _build(course, repo, built, install_url)
+        lines.append(_publish(built, out, update))
+    return lines
+
+
+def _build(course: Course, repo: Path, out: Path, install_url: str | None) -> list[str]:
+    """The edition's files, written into the new folder ``out``."""
+    out.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
     shutil.copytree(course.release_dir, out / "notebooks", ignore=ignore)
     colab = _add_colab_cells(out / "notebooks", install_url) if install_url is not None else 0
@@ -347,12 +366,46 @@ def write_edition(course: Course, out: Path, repo: Path | None = None, install_u
     (out / "pyproject.toml").write_text(_pyproject(repo))
     (out / "tests").mkdir()
     (out / "tests" / "test_setup.py").write_text(_TESTS)
+    (out / EDITION_MARK).write_text("the student edition of a course workbook: `workbook student-edition` updates "
+                                    "this folder in place (one commit a change)\n", encoding="utf-8")
     leaks = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()
              and any(s in p.read_text(encoding="utf-8", errors="replace") for s in _SECRETS)]
     if leaks:
-        shutil.rmtree(out)
         raise CourseError(f"the student edition would hold solutions or hidden tests: {', '.join(leaks)}")
     notebooks = len(list((out / "notebooks").glob("*/*.ipynb")))
     first = f", each with a first cell that installs the course on Colab from {install_url}" if colab else ""
     return [f"notebooks/: {notebooks} notebooks as released{first}", f"course_lib/: {stripped} hidden sub-checks left out",
             "README.md, Makefile (make lab, make test), pyproject.toml, constraints.txt, tests/"]
+
+
+def _git(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """git in ``folder``, with an author where none is configured (the commit is the course's)."""
+    identity = ["-c", "user.name=Course staff", "-c", "user.email=course@localhost"] if subprocess.run(
+        ["git", "-C", str(folder), "config", "user.email"], capture_output=True, text=True).returncode else []
+    return subprocess.run(["git", "-C", str(folder), *identity, *args], capture_output=True, text=True, check=True)
+
+
+def _publish(built: Path, out: Path, update: bool) -> str:
+    """``built`` into ``out``: a new git repository, or the edition's next commit; in words."""
+    if shutil.which("git") is None:
+        if update:
+            raise CourseError("git is not installed: an edition is updated as a git commit (apt-get install git)")
+        shutil.copytree(built, out, dirs_exist_ok=True)
+        return "git is not installed: a plain folder (students then cannot `git pull` updates)"
+    if not update:
+        shutil.copytree(built, out, dirs_exist_ok=True)
+        _git(out, "init", "-q", "-b", "main")
+        _git(out, "add", "-A")
+        _git(out, "commit", "-q", "-m", "The course's student edition")
+        return f"a git repository: students clone it ({out}), then `git pull` each update"
+    for path in sorted(out.iterdir()):  # the edition's files replaced by the new ones; git keeps the history
+        if path.name != ".git":
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    shutil.copytree(built, out, dirs_exist_ok=True)
+    _git(out, "add", "-A")
+    changed = _git(out, "status", "--porcelain").stdout.splitlines()
+    if not changed:
+        return "updated in place: nothing changed since the last edition (no commit)"
+    _git(out, "commit", "-q", "-m", f"Course update: {len(changed)} file{'s' if len(changed) != 1 else ''} changed")
+    return (f"updated in place: one commit, {len(changed)} files changed; students `git pull` it (their own copies "
+            "in work/ are kept, a changed notebook appears beside theirs)")

@@ -39,12 +39,12 @@ def edition(tmp_path_factory):
 
 def test_it_holds_what_a_student_needs_and_nothing_of_the_grading(edition):
     top = sorted(p.name for p in edition.iterdir())
-    assert top == [".gitignore", "LICENSE", "Makefile", "README.md", "constraints.txt", "course_lib", "notebooks",
-                   "pyproject.toml", "tests"]
+    assert top == [".git", ".gitignore", ".workbook-edition", "LICENSE", "Makefile", "README.md", "constraints.txt",
+                   "course_lib", "notebooks", "pyproject.toml", "tests"]
     assert sorted(p.name for p in (edition / "notebooks").iterdir()) == \
         sorted(p.name for p in (REPO / "notebooks").iterdir())
     for path in edition.rglob("*"):
-        if path.is_file():
+        if path.is_file() and ".git" not in path.relative_to(edition).parts:
             text = path.read_text(encoding="utf-8", errors="replace")
             assert not [s for s in SECRETS if s in text], path
     readme = (edition / "README.md").read_text()
@@ -120,3 +120,33 @@ def test_a_fresh_copy_sets_up_checks_itself_and_opens_the_lab_with_its_own_two_c
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=30)
+
+
+def test_an_update_is_one_commit_that_students_pull_with_their_work_kept(edition, tmp_path):
+    """The edition is a git repository: a student clones it and works in work/ (which git
+    ignores); the instructor writes the edition again into the same folder, which commits what
+    changed; the student's `git pull` brings it, their work untouched. A folder that is not an
+    edition is still refused."""
+    def git(folder, *args):
+        return subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout
+    student = tmp_path / "student"
+    subprocess.run(["git", "clone", "-q", str(edition), str(student)], check=True)
+    (student / "work").mkdir()
+    (student / "work" / "mine.ipynb").write_text("{}")  # the student's own copy
+    readme = (edition / "README.md").read_text()
+    (edition / "README.md").write_text(readme.replace("make lab", "make  lab", 1))  # an older edition's text
+    git(edition, "commit", "-q", "-am", "an older edition")
+    git(student, "pull", "-q")
+    again = subprocess.run([str(REPO / "workbook"), "student-edition", str(edition)], cwd=REPO, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "updated in place: one commit, 1 files changed" in again.stdout
+    assert git(edition, "log", "-1", "--format=%s").startswith("Course update: 1 file changed")
+    git(student, "pull", "-q")
+    assert (student / "README.md").read_text() == readme and (student / "work" / "mine.ipynb").read_text() == "{}"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    refused = subprocess.run([str(REPO / "workbook"), "student-edition", str(tmp_path / "other")], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "not a student edition made before" in refused.stderr
