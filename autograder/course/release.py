@@ -157,12 +157,16 @@ def check(course: Course, which: list[str] | None, regenerate: str) -> int:
     names = which or assignments(course)
     done = []
 
+    shown = sys.stderr.isatty()  # on a terminal only: a log or a pipe gets the verdict alone
+
     def progress(assignment: str) -> None:  # one line that grows: nbgrader takes seconds an assignment
         done.append(assignment)
-        print(f"\rchecking {release_name}/ against {source_name}/: {len(done)}/{len(names)} ({assignment})"
-              .ljust(100), end="", flush=True)
+        if shown:
+            print(f"\rchecking {release_name}/ against {source_name}/: {len(done)}/{len(names)} ({assignment})"
+                  .ljust(100), end="", flush=True, file=sys.stderr)
     problems = out_of_date(names, course, progress)
-    print("\r" + " " * 100 + "\r", end="")
+    if shown:
+        print("\r" + " " * 100 + "\r", end="", file=sys.stderr)
     if problems:
         print(f"{release_name}/ is out of date with {source_name}/:")
         print("\n".join(f"  - {p}" for p in problems))

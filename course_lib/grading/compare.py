@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["tolerance", "describe_difference", "describe_value", "fmt_num"]
+__all__ = ["tolerance", "describe_difference", "describe_value", "fmt_num", "fmt_pair", "precision_hint"]
 
 _TOL = {
     torch.float16: (1e-3, 1e-2),
@@ -38,6 +38,53 @@ def fmt_num(x: Any) -> str:
     if x != x or x in (float("inf"), float("-inf")):
         return str(x)
     return f"{x:.4g}"
+
+
+def fmt_pair(expected: Any, got: Any) -> tuple[str, str]:
+    """Two numbers with just enough digits to tell them apart (``1.383`` and ``1.383`` are
+    shown as ``1.38294917`` and ``1.38294911``)."""
+    if isinstance(expected, (bool, int)) or isinstance(got, (bool, int)):
+        return fmt_num(expected), fmt_num(got)
+    a, b = float(expected), float(got)
+    if a != a or b != b or math.isinf(a) or math.isinf(b):
+        return fmt_num(a), fmt_num(b)
+    if fmt_num(a) != fmt_num(b):
+        return fmt_num(a), fmt_num(b)
+    for digits in range(5, 18):  # as many digits on both sides ("2.3170", "2.3171")
+        sa, sb = f"{a:#.{digits}g}".rstrip("."), f"{b:#.{digits}g}".rstrip(".")
+        if sa != sb:
+            return sa, sb
+    return sa, sb
+
+
+def _float64_pairs(expected: Any, got: Any) -> list[tuple[Tensor, Tensor]]:
+    pairs = list(zip(expected, got)) if isinstance(expected, tuple) and isinstance(got, (tuple, list)) else [(expected, got)]
+    return [(e.detach(), g.detach()) for e, g in pairs
+            if isinstance(e, Tensor) and isinstance(g, Tensor) and e.dtype == torch.float64 and g.dtype == e.dtype
+            and e.shape == g.shape and e.device == g.device]
+
+
+def precision_hint(expected: Any, got: Any, in_float32: Any) -> str | None:
+    """A likely cause for float64 outputs that are off by no more than the same computation in
+    float32 is (``in_float32``: the reference's output on the inputs cast to float32, cast back):
+    an upcast to float32, complex64 or a hard-coded dtype on the way. None otherwise."""
+    pairs = _float64_pairs(expected, got)
+    rounded = dict((id(e), r.detach()) for (e, _), r in zip(pairs, [r for _, r in _float64_pairs(expected, in_float32)]))
+    off = allowed = 0.0
+    for e, g in pairs:
+        r = rounded.get(id(e))
+        if r is None or not bool(torch.isfinite(g).all()) or not bool(torch.isfinite(e).all()):
+            return None
+        off = max(off, (g - e).abs().max().item() if g.numel() else 0.0)
+        allowed = max(allowed, (r - e).abs().max().item() if r.numel() else 0.0)
+        if not bool(torch.isclose(g, e, atol=1e-3, rtol=1e-2).all()):
+            return None  # more than rounding: a different computation
+    if not pairs or allowed == 0.0 or not 0.0 < off <= 10 * allowed:
+        return None
+    return ("Part of the computation runs in float32: on float64 inputs the output is off by about as much as "
+            "the same computation in float32 is. Keep the input's dtype throughout: no .float(), torch.float32 "
+            "or complex64 (for complex RoPE, torch.view_as_complex on x itself), and create new tensors with "
+            "dtype=x.dtype.")
 
 
 def describe_value(x: Any) -> str:
@@ -86,7 +133,8 @@ def describe_difference(expected: Any, got: Any, names: Sequence[str] = (), what
                 return None
             return f"{what}: expected {fmt_num(expected)}, got {fmt_num(got)}."
         if got != expected and not abs(got - expected) <= 1e-8 + 1e-6 * abs(expected):
-            return f"{what}: expected {fmt_num(expected)}, got {fmt_num(got)}."
+            shown_e, shown_g = fmt_pair(expected, got)
+            return f"{what}: expected {shown_e}, got {shown_g}."
         return None
     if isinstance(expected, (int, bool)) or expected is None:
         if isinstance(expected, int) and not isinstance(expected, bool) and isinstance(got, Tensor) and got.numel() == 1:
@@ -144,9 +192,10 @@ def _tensor_difference(expected: Tensor, got: Any, what: str, equal_nan: bool = 
         return None
     n_bad, n = int(bad.sum()), bad.numel()
     first = tuple(int(i) for i in bad.nonzero()[0].tolist())
-    ev, gv = e[first].item(), g[first].item()
+    shown_e, shown_g = fmt_pair(e[first].item(), g[first].item())
     index = first if len(first) != 1 else first[0]
-    msg = f"{what} differs from the expected values in {n_bad} of {n} entries; first at index {index}: expected {fmt_num(ev)}, got {fmt_num(gv)}."
+    msg = (f"{what} differs from the expected values in {n_bad} of {n} entries; first at index {index}: "
+           f"expected {shown_e}, got {shown_g}.")
     if g.is_floating_point() and not bool(torch.isfinite(g).all()):
         msg += " It contains NaN or inf."
     return msg

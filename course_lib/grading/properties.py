@@ -98,6 +98,11 @@ def _weights(out: Any, index: int | None) -> Tensor:
     return w
 
 
+def _catalogued(trial: Any, case: Case, got: Any) -> str | None:
+    """The hint of a catalogued mistake whose whole output is the student's on ``case``."""
+    return trial.likely_mistake(case, got, trial.reference(case.make(trial.device)))
+
+
 def weights_sum_to_one(trial: Any, case: Case, index: int = 1) -> None:
     """Each row of the weights sums to 1 over the key axis and no weight is negative."""
     w = _weights(trial.student(case.make(trial.device), case.label), index).detach()
@@ -121,13 +126,17 @@ def masked_weights_zero(trial: Any, case: Case, index: int = 1, mask_key: str = 
     """Positions the mask disallows get weight exactly 0."""
     inputs = case.make(trial.device)
     mask = inputs[mask_key]
-    w = _weights(trial.student(inputs, case.label), index).detach()
+    got = trial.student(inputs, case.label)
+    w = _weights(got, index).detach()
     blocked = ~mask.expand_as(w)
     if bool((w[blocked] != 0).any()):
         worst = w[blocked].abs().max().item()
         hint = ""
         allowed = w[~blocked]
-        if bool((allowed == 0).all()):
+        named = _catalogued(trial, case, got)
+        if named:
+            hint = f" {LIKELY_CAUSE}{named}"
+        elif bool((allowed == 0).all()):
             hint = " All weight goes to the masked keys: is the mask inverted? True means 'may attend'."
         else:
             hint = (" Fill the masked scores with -inf (float('-inf')) before the softmax, "

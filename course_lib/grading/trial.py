@@ -124,8 +124,15 @@ class Trial:
     # -- running ---------------------------------------------------------
     def student(self, inputs: dict, label: str = "", probe: Probe = INVOKE) -> Any:
         """The student's answer for ``probe`` on ``inputs`` (plain data)."""
-        answer = self.source.answer(Call(self.spec.name, inputs, probe))
-        return self._unwrap(answer, label)
+        call = Call(self.spec.name, inputs, probe)
+        answer = self.source.answer(call)
+        try:
+            return self._unwrap(answer, label)
+        except RaisedError as raised:
+            hint = self._raising_hint(call, raised)
+            if hint:
+                raise CheckFailed(f"{raised}\n{LIKELY_CAUSE}{hint}") from None
+            raise
 
     def _unwrap(self, answer: Any, label: str) -> Any:
         name = self.spec.name
@@ -164,16 +171,17 @@ class Trial:
             raise RuntimeError(f"the reference of {self.spec.name} failed: {answer}")
         return to_plain(answer["value"])
 
-    def mistake_raising(self, case: Any, raised: "RaisedError", probe: Probe = INVOKE) -> str | None:
+    def _raising_hint(self, call: Call, raised: "RaisedError") -> str | None:
         """The hint of the first catalogued mistake that raises what the student's code raised
-        on ``case`` (the same exception, the same message: ``k.T`` on a batch, a mask's axis
-        added twice), None otherwise."""
+        on ``call`` (the same exception, the same message: ``k.T`` on a batch, a mask's axis
+        added twice, row sums without keepdim), None otherwise."""
         if not self.name_mistakes:
             return None
         for mistake in self.spec.mistakes:
-            answer = perform(self.spec, mistake.impl, Call(self.spec.name, case.make(self.device), probe), watch=False)
+            fresh = Call.from_data(decode(_call_bytes(call), kind="call"))  # the mistake gets its own copy
+            answer = perform(self.spec, mistake.impl, fresh, watch=False)
             if (not answer["ok"] and answer.get("kind") == "error" and answer.get("exc") == raised.exc
-                    and str(answer.get("text", ""))[:300] == raised.text[:300]):
+                    and _error_key(str(answer.get("text", ""))) == _error_key(raised.text)):
                 return mistake.hint
         return None
 
@@ -204,6 +212,23 @@ class Trial:
                 return mistake.hint
         return None
 
+    def _precision_hint(self, case: Any, expected: Any, got: Any, probe: Probe) -> str | None:
+        """The likely cause "computed in float32", where the student's float64 output is off by
+        about as much as the reference's on the inputs in float32."""
+        from .compare import precision_hint
+        inputs = case.make(self.device)
+        if not any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in inputs.values()) \
+                and inputs.get("dtype") is not torch.float64:
+            return None
+        low = {k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float64
+               else torch.float32 if k == "dtype" and v is torch.float64 else v for k, v in inputs.items()}
+        try:
+            rounded = self.reference(low, probe)
+        except RuntimeError:
+            return None
+        back = tuple(_as_float64(r) for r in rounded) if isinstance(rounded, (tuple, list)) else _as_float64(rounded)
+        return precision_hint(expected, got, back)
+
     def compare(self, cases: Sequence[Any], probe: Probe = INVOKE, differ: Any = None) -> None:
         """Compare the student's answer to ``probe`` with the reference's on each case;
         ``differ(expected, got)`` says how they differ, None when they match (default:
@@ -211,30 +236,45 @@ class Trial:
         from .compare import describe_difference
         for case in cases:
             expected = self.reference(case.make(self.device), probe)
-            try:
-                got = self.student(case.make(self.device), case.label, probe)
-            except RaisedError as raised:
-                hint = self.mistake_raising(case, raised, probe)
-                if hint:
-                    raise CheckFailed(f"{raised}\n{LIKELY_CAUSE}{hint}") from None
-                raise
+            got = self.student(case.make(self.device), case.label, probe)
             problem = (differ or (lambda e, g: describe_difference(e, g, self.spec.output_names)))(expected, got)
             if problem is None:
                 continue
             message = f"On {case.label}: {problem}"
             hint = self.likely_mistake(case, got, expected, differ=differ, probe=probe)
+            if not hint and self.name_mistakes and differ is None:
+                hint = self._precision_hint(case, expected, got, probe)
             if hint:
                 message += f"\n{LIKELY_CAUSE}{hint}"
             raise CheckFailed(message)
 
 
+def _as_float64(x: Any) -> Any:
+    return x.double() if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
+
+
 class RaisedError(CheckFailed):
     """The student's code raised ``exc`` with message ``text`` (a failure a catalogued mistake
-    may explain: :meth:`Trial.mistake_raising`)."""
+    may explain: :meth:`Trial._raising_hint`)."""
 
     def __init__(self, message: str, exc: str, text: str) -> None:
         super().__init__(message)
         self.exc, self.text = exc, text
+
+
+_BROADCAST = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
+                        r"at non-singleton dimension (\d+)")
+
+
+def _error_key(text: str) -> str:
+    """An error message as matched against a catalogued mistake's: a broadcasting error names
+    the same two sizes whichever operand came first (``masked_fill`` or ``torch.where``,
+    ``m == 0`` or ``~m``)."""
+    text = text[:300]
+    found = _BROADCAST.search(text)
+    if found:
+        return "broadcast " + " ".join(sorted(found.group(1, 2)))
+    return text
 
 
 def mistake_named(spec: ItemSpec, message: str) -> str:

@@ -562,7 +562,8 @@ class _EmbLayout(nn.Module):
         self.segment = nn.Embedding(num_segments, d_model)
         self.norm = nn.LayerNorm(d_model)
 
-    def run(self, input_ids, segment_ids, norm=True, segment=True, position=True, norm_token_only=False):
+    def run(self, input_ids, segment_ids, norm=True, segment=True, position=True, norm_token_only=False,
+            eps=None):
         x = self.token(input_ids)
         if norm_token_only:
             x = self.norm(x)
@@ -570,6 +571,8 @@ class _EmbLayout(nn.Module):
             x = x + self.position(torch.arange(input_ids.size(1), device=input_ids.device))
         if segment:
             x = x + self.segment(segment_ids)
+        if eps is not None:  # the LayerNorm with another eps (Hugging Face's BERT: 1e-12)
+            return F.layer_norm(x, x.shape[-1:], self.norm.weight, self.norm.bias, eps)
         return self.norm(x) if norm and not norm_token_only else x
 
 
@@ -582,6 +585,9 @@ EMB_MISTAKES = (
             "The position embedding is not added: add self.position(torch.arange(T)) (positions 0..T-1)."),
     Mistake("LayerNorm on the token embedding only", variant(_EmbLayout, "EmbNormTokenOnly", norm_token_only=True),
             "The LayerNorm is applied to the token embedding alone: apply it to the sum of the three embeddings."),
+    Mistake("LayerNorm eps 1e-12", variant(_EmbLayout, "EmbNormEps", eps=1e-12),
+            "The LayerNorm uses eps=1e-12 (Hugging Face's BERT); the contract's norm is nn.LayerNorm(d_model), "
+            "with its default eps=1e-5."),
 )
 
 

@@ -670,20 +670,31 @@ def _features_case(seed, shape, m, dtype, scale=0.5) -> Case:
     return Case(f"x {tuple(shape)} {dtype_name(dtype)}, projection ({m}, {shape[-1]})", make)
 
 
-def _features(half=0.5, squared=True, divide="sqrt", scale_inside=False):
+def _features(half=0.5, squared=True, divide="sqrt", scale_inside=False, stabilise=None, eps=0.0):
     """Wrong random features: exp(x Wᵀ − half·|x|² (|x| unless ``squared``)) divided by √m, m or 1,
-    with x scaled by d^(-1/4) first (``scale_inside``)."""
+    with x scaled by d^(-1/4) first (``scale_inside``); ``stabilise`` as Performer's code does, the
+    maximum of x Wᵀ subtracted per row ("row", its queries) or over all rows ("all", its keys), and
+    ``eps`` added to the exponential."""
 
     def features(x, projection):
         if scale_inside:
             x = x * x.size(-1) ** -0.25
         norm = (x * x).sum(-1, keepdim=True) if squared else x.norm(dim=-1, keepdim=True)
-        f = torch.exp(x @ projection.T - half * norm) if half else torch.exp(x @ projection.T)
+        dash = x @ projection.T
+        if stabilise == "row":
+            dash = dash - dash.amax(-1, keepdim=True)
+        elif stabilise == "all":
+            dash = dash - dash.amax(dim=(-2, -1), keepdim=True)
+        f = (torch.exp(dash - half * norm) if half else torch.exp(dash)) + eps
         m = projection.size(0)
         return f / math.sqrt(m) if divide == "sqrt" else (f / m if divide == "m" else f)
 
     return features
 
+
+_STABILISED = ("You subtract the maximum of x Wᵀ before the exponential (Performer's numerical stabilisation"
+               "{more}): that multiplies φ by a factor which cancels in linear attention but changes the features "
+               "themselves. performer_features returns exp(x Wᵀ − |x|²/2) / √m exactly, nothing subtracted or added.")
 
 FEATURES_MISTAKES = (
     Mistake("features without the |x|²/2 term", _features(half=0),
@@ -700,6 +711,12 @@ FEATURES_MISTAKES = (
     Mistake("x scaled inside", _features(scale_inside=True),
             "performer_features takes x as it is; the d^(-1/4) scaling of q and k belongs to the caller (so that "
             "a·b = q·k/√d)."),
+    *(Mistake(f"stabilised features ({where}{', + ε' if eps else ''})", _features(stabilise=how, eps=eps),
+              _STABILISED.format(more=f", {where}" + (", and an ε of 1e-6 added" if eps else "")))
+      for how, where in (("row", "the maximum per row"), ("all", "the maximum over all rows")) for eps in (0.0, 1e-6)),
+    Mistake("ε added to the features", _features(eps=1e-6),
+            "You add an ε to the exponential (Performer's numerical stabiliser): performer_features returns "
+            "exp(x Wᵀ − |x|²/2) / √m exactly."),
 )
 
 

@@ -91,7 +91,8 @@ class _BlockLayout(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def run(self, x, mask="causal", safe=False, post_ln=False, residual=True, mlp_norm="ln2", relu=False):
+    def run(self, x, mask="causal", safe=False, post_ln=False, residual=True, mlp_norm="ln2", relu=False,
+            gelu="none", eps=None):
         ones = torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device)
         allowed = {"causal": ones.tril(), "none": None, "diagonal": ones.tril(-1), "inverted": ~ones.tril(-1)}[mask]
 
@@ -99,15 +100,20 @@ class _BlockLayout(nn.Module):
             return self.attn(h, allowed, safe)
 
         def mlp(h):
-            return self.mlp[2](torch.relu(self.mlp[0](h))) if relu else self.mlp(h)
+            if relu:
+                return self.mlp[2](torch.relu(self.mlp[0](h)))
+            return self.mlp[2](F.gelu(self.mlp[0](h), approximate=gelu))
+
+        def norm(ln, h):
+            return ln(h) if eps is None else F.layer_norm(h, h.shape[-1:], ln.weight, ln.bias, eps)
 
         if post_ln:
-            x = self.ln1(x + attn(x))
-            return self.ln2(x + mlp(x))
+            x = norm(self.ln1, x + attn(x))
+            return norm(self.ln2, x + mlp(x))
         if not residual:
-            return mlp(self.ln2(attn(self.ln1(x))))
-        x = x + attn(self.ln1(x))
-        return x + mlp(getattr(self, mlp_norm)(x))
+            return mlp(norm(self.ln2, attn(norm(self.ln1, x))))
+        x = x + attn(norm(self.ln1, x))
+        return x + mlp(norm(getattr(self, mlp_norm), x))
 
 
 BLOCK_MISTAKES = (
@@ -132,6 +138,11 @@ BLOCK_MISTAKES = (
             "The MLP reads ln1(x): each sub-layer has its own LayerNorm, use ln2 before the MLP."),
     Mistake("ReLU in the MLP", variant(_BlockLayout, "BlockReLU", relu=True),
             "The MLP uses ReLU; GPT uses GELU: nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))."),
+    Mistake("tanh approximation of GELU", variant(_BlockLayout, "BlockTanhGELU", gelu="tanh"),
+            "The MLP uses the tanh approximation of GELU (GPT-2's gelu_new, nn.GELU(approximate='tanh')); the "
+            "contract's is the exact one, nn.GELU()."),
+    Mistake("LayerNorm eps 1e-12", variant(_BlockLayout, "BlockNormEps", eps=1e-12),
+            "The LayerNorms use eps=1e-12; the contract's are nn.LayerNorm(d_model), with the default eps=1e-5."),
 )
 
 
@@ -400,8 +411,9 @@ def _sample_spec() -> ItemSpec:
                                                      _SampleCase([LOGITS_B, LOGITS_A], 0.7, 2, 6),
                                                      _SampleCase([LOGITS_A, LOGITS_B], 1.5, 4, 7, f64))(t),
                                 t.compare([_greedy_case([LOGITS_B, LOGITS_A], f64)])), hidden=True),
-            SubCheck("top_k ≥ V keeps every token; the generator makes draws reproducible", 1,
-                     lambda t: (_sample_distribution(_SampleCase([LOGITS_B], 1.0, 6, 8))(t), _sample_generator(t)),
+            SubCheck("top_k ≥ V (V and V + 3) keeps every token; the generator makes draws reproducible", 1,
+                     lambda t: (_sample_distribution(_SampleCase([LOGITS_B], 1.0, 6, 8),
+                                                     _SampleCase([LOGITS_A], 1.0, 9, 9))(t), _sample_generator(t)),
                      hidden=True),
         ),
     )
@@ -495,12 +507,14 @@ def _count_case(n_layer, d_model, vocab_size, n_ctx, tied=None) -> Case:
 
 
 def _count(n_layer, d_model, vocab_size, n_ctx, tied=True, *, bias=True, ln=True, pos=True, ff=4, final_ln=True,
-           tied_as=None):
-    """A GPT's parameters counted without biases, LayerNorms, positions or the final LayerNorm,
-    with an MLP of width ``ff``·d, or with ``tied`` read as ``tied_as``."""
+           tied_as=None, ln_bias=True):
+    """A GPT's parameters counted without biases (``ln_bias=False``: in the LayerNorms too, nanoGPT's
+    bias=False), LayerNorms, positions or the final LayerNorm, with an MLP of width ``ff``·d, or with
+    ``tied`` read as ``tied_as``."""
     d, V = d_model, vocab_size
-    per = (4 * d if ln else 0) + 4 * d * d + ff * 2 * d * d + ((4 * d + ff * d + d) if bias else 0)
-    total = V * d + (n_ctx * d if pos else 0) + n_layer * per + (2 * d if ln and final_ln else 0)
+    norm = (2 if ln_bias else 1) * d if ln else 0  # one LayerNorm
+    per = 2 * norm + 4 * d * d + ff * 2 * d * d + ((4 * d + ff * d + d) if bias else 0)
+    total = V * d + (n_ctx * d if pos else 0) + n_layer * per + (norm if final_ln else 0)
     return total + (0 if (tied if tied_as is None else tied_as) else V * d)
 
 
@@ -511,6 +525,10 @@ def _twelve_d_squared(n_layer, d_model, vocab_size, n_ctx, tied=True):
 COUNT_MISTAKES = (
     Mistake("no biases", partial(_count, bias=False),
             "The biases are missing: every nn.Linear has one (attention: 4·d, MLP: 4·d + d per block)."),
+    Mistake("no biases, in the LayerNorms either", partial(_count, bias=False, ln_bias=False),
+            "This counts a model without any bias (nanoGPT's bias=False: no bias in the Linears, none in the "
+            "LayerNorms). GPT-2 has biases everywhere: every nn.Linear (attention 4·d, MLP 4·d + d per block) and "
+            "every LayerNorm (a weight and a bias of size d)."),
     Mistake("no LayerNorms", partial(_count, ln=False),
             "The LayerNorms are missing: each has a weight and a bias of size d (two per block, 4·d, plus "
             "2·d for the final ln_f)."),

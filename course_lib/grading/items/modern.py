@@ -22,11 +22,12 @@ from torch import Tensor, nn
 from ... import modern as ref
 from ... import positional as ref_positional
 from ..calls import Invoke, earlier
-from ..compare import describe_difference, fmt_num
+from ..compare import describe_difference, fmt_num, precision_hint
 from ..fixtures.modern import grader_angles
 from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
                           module_gradients, parameter_shapes, raises_value_error, randn, type_name, variant)
 from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..trial import LIKELY_CAUSE
 
 f32, f64 = torch.float32, torch.float64
 
@@ -159,7 +160,10 @@ def _rms_matches_torch(trial) -> None:
     expected = F.rms_norm(x, (10,), weight.to(trial.device), 1e-5)
     problem = describe_difference(expected, got)
     if problem:
-        raise CheckFailed(f"Compared with torch.nn.functional.rms_norm on x (3, 4, 10) float64, eps 1e-5: {problem}")
+        in_float32 = F.rms_norm(x.float(), (10,), weight.float().to(trial.device), 1e-5).double()
+        hint = precision_hint(expected, got, in_float32) if trial.name_mistakes else None
+        raise CheckFailed(f"Compared with torch.nn.functional.rms_norm on x (3, 4, 10) float64, eps 1e-5: {problem}"
+                          + (f"\n{LIKELY_CAUSE}{hint}" if hint else ""))
 
 
 def _rms_spec() -> ItemSpec:
@@ -334,16 +338,21 @@ ROPE_MISTAKES = (
 )
 
 
-def _rope_case(seed: int, shape: tuple, dtype: torch.dtype = f32, positions=None, words: str = "") -> Case:
-    """x of ``shape``; ``positions`` None (the default), or a function ``device -> LongTensor``."""
+def _rope_case(seed: int, shape: tuple, dtype: torch.dtype = f32, positions=None, words: str = "",
+               base: float | None = None) -> Case:
+    """x of ``shape``; ``positions`` None (the default), or a function ``device -> LongTensor``;
+    ``base`` passed when given."""
 
     def make(device):
         inputs = {"x": randn(shape, seed, dtype, device)}
         if positions is not None:
             inputs["positions"] = positions(device).to(device)
+        if base is not None:
+            inputs["base"] = base
         return inputs
 
-    return Case(f"x {shape} {dtype_name(dtype)}, {words or 'positions None (0 … T−1)'}", make)
+    extra = f", base {base:g}" if base is not None else ""
+    return Case(f"x {shape} {dtype_name(dtype)}, {words or 'positions None (0 … T−1)'}{extra}", make)
 
 
 def _hand_rope_case() -> Case:
@@ -380,13 +389,14 @@ def _rope_spec() -> ItemSpec:
             SubCheck("positions (T,) given: 7 … 11", 1,
                      compare_cases(_rope_case(1310, (2, 2, 5, 8), positions=from_start(7, 5),
                                               words="positions 7 … 11"))),
-            SubCheck("per-example positions (B, T) with B = H, float64 with positions near 10,000, x (T, head_dim), "
-                     "another base", 1,
+            # (only what the contract gives: x (B, H, T, head_dim), positions (T,) or (B, T), a base)
+            SubCheck("per-example positions (B, T) with B = H, float64 with positions near 10,000, another base "
+                     "(500,000)", 1,
                      lambda t: t.compare([
                          _rope_case(1320, (2, 2, 4, 8), positions=per_example(1321, 2, 4, 60),
                                     words="positions (2, 4), one row per example"),
                          _rope_case(1330, (1, 3, 6, 16), f64, from_start(9990, 6), "positions 9990 … 9995"),
-                         _rope_case(1340, (5, 4), f32, from_start(0, 5), "positions 0 … 4"),
+                         _rope_case(1340, (1, 2, 5, 4), f32, from_start(0, 5), "positions 0 … 4", base=500000.0),
                      ]), hidden=True),
             SubCheck("x is left unchanged; a ValueError for an odd head_dim", 1, _rope_unchanged_and_odd, hidden=True),
         ),
@@ -523,7 +533,7 @@ class _GQALayout(nn.Module):
         self.W_o = nn.Linear(d_model, d_model, bias=False)
 
     def run(self, x, positions=None, rotate="qk", before_split=False, tiled=False, causal=True, scale="head_dim",
-            own_positions=False, base=None):
+            own_positions=False, base=None, halves=False):
         B, T, D = x.shape
         H, H_kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         base = base or self.rope_base
@@ -532,7 +542,7 @@ class _GQALayout(nn.Module):
         q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
 
         def turn(t):
-            return _rope_copy(t, positions, base)
+            return _rotate(t, positions, base, halves=True) if halves else _rope_copy(t, positions, base)
 
         if before_split:  # angles of head_dim = d_model, over the whole projection
             q, k = turn(q.unsqueeze(1)).squeeze(1), turn(k.unsqueeze(1)).squeeze(1)
@@ -558,6 +568,10 @@ GQA_MISTAKES = (
     Mistake("positions ignored (no RoPE)", variant(_GQALayout, "GQANoRope", rotate=""),
             "q and k are not rotated, so the attention ignores positions: after splitting the heads, "
             "q = apply_rope(q, positions, self.rope_base) and k = apply_rope(k, positions, self.rope_base)."),
+    Mistake("rotate-half layout", variant(_GQALayout, "GQARotateHalf", halves=True),
+            "q and k are rotated in the \"rotate half\" layout (feature i paired with i + head_dim/2, as in "
+            "GPT-NeoX and Hugging Face's Llama); this course's apply_rope rotates adjacent pairs (x_2i, x_2i+1): "
+            "use apply_rope(q, positions, self.rope_base) and the same for k."),
     Mistake("v rotated", variant(_GQALayout, "GQARotatesV", rotate="qkv"),
             "You rotate v too. RoPE puts positions into the scores q·k only: rotate q and k, and leave the values as "
             "they are."),
@@ -742,7 +756,7 @@ class _BlockLayout(nn.Module):
         self.ffn = _FFN(d_model, d_ff)
 
     def run(self, x, positions=None, post=False, residual=(True, True), from_normed=False, ffn_norm="ffn_norm",
-            pass_positions=True, eps=None, base=None):
+            pass_positions=True, eps=None, base=None, norm_output=False):
         def attn(h):
             return self.attn.run(h, positions if pass_positions else None, base=base)[0]
 
@@ -750,6 +764,8 @@ class _BlockLayout(nn.Module):
         for (f, norm), res in zip(((attn, norms[0]), (self.ffn, norms[1])), residual):
             if post:
                 x = norm((x if res else 0) + f(x))
+            elif norm_output:  # OLMo 2: x + norm(f(x))
+                x = (x if res else 0) + norm(f(x))
             else:
                 h = norm(x)
                 x = ((h if from_normed else x) if res else 0) + f(h)
@@ -760,6 +776,10 @@ BLOCK_MISTAKES = (
     Mistake("post-norm", variant(_BlockLayout, "ModernPostNorm", post=True),
             "This is post-norm (the norm after the residual sum, as in the original Transformer). Llama is pre-norm: "
             "x = x + attn(attn_norm(x), positions)[0], then x = x + ffn(ffn_norm(x))."),
+    Mistake("norm after the sub-layer", variant(_BlockLayout, "ModernNormAfter", norm_output=True),
+            "The norms are applied to each sub-layer's output, x = x + attn_norm(attn(x)) (OLMo 2's order). Llama "
+            "normalises the sub-layer's input: x = x + attn(attn_norm(x), positions)[0], then "
+            "x = x + ffn(ffn_norm(x))."),
     Mistake("no residual around the attention", variant(_BlockLayout, "ModernNoAttnResidual", residual=(False, True)),
             "The residual connection around the attention is missing: x = x + attn(attn_norm(x), positions)[0]."),
     Mistake("no residual around the FFN", variant(_BlockLayout, "ModernNoFFNResidual", residual=(True, False)),

@@ -188,7 +188,8 @@ class _MHALayout(nn.Module):
         else:
             q, k, v = (lin(t).reshape(B, t.size(1), H, D // H).transpose(1, 2) for lin, t in pairs)
         m = mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
-        m = {"head": m, "given": mask, "none": None, "inverted": None if m is None else ~m}[mask_as]
+        m = {"head": m, "given": mask, "none": None, "inverted": None if m is None else ~m,
+             "always_unsqueezed": None if mask is None else mask.unsqueeze(1)}[mask_as]
         s = q @ k.transpose(-2, -1) / math.sqrt(D if scale_by_d_model else D // H)
         if m is not None:
             s = s.masked_fill(~m, float("-inf"))
@@ -226,6 +227,10 @@ MHA_MISTAKES = (
     Mistake("mask without a head axis", MHAMaskNoHeadAxis,
             "A padding mask (B, 1, T_k) is applied to scores (B, H, T_q, T_k) without a head axis, so it lines "
             "up with the heads instead of the batch: use mask.unsqueeze(1) for 3-D masks."),
+    Mistake("head axis added to a 2-D mask", variant(_MHALayout, "MHAMaskAlwaysUnsqueezed", mask_as="always_unsqueezed"),
+            "The mask always gets a head axis (mask.unsqueeze(1)), but a (T_q, T_k) mask already broadcasts over "
+            "the batch and the heads: the added axis lines its rows up with the heads. Add the head axis only to "
+            "3-D (B, 1, T_k) masks (if mask.dim() == 3)."),
     Mistake("mask ignored", variant(_MHALayout, "MHAMaskIgnored", mask_as="none"),
             "forward ignores its mask: pass it on to every head's attention."),
     Mistake("mask inverted", variant(_MHALayout, "MHAMaskInverted", mask_as="inverted"),

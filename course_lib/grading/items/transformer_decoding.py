@@ -125,7 +125,10 @@ def _grams(tokens, n):
     return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
 
 
-def _bleu_core(candidates, references, max_n=4, clip=True, bp=True, geometric=True, bp_inverted=False):
+def _bleu_core(candidates, references, max_n=4, clip=True, bp=True, geometric=True, bp_inverted=False,
+               smooth=None):
+    """A wrong BLEU; ``smooth`` as sentence-level BLEU smooths zero counts: "epsilon" (NLTK's
+    method1, 0.1 matches for a zero count) or "add-one" (Lin and Och, method2, for n > 1)."""
     matches, totals, c, r = [0] * max_n, [0] * max_n, 0, 0
     for cand, ref_ in zip(candidates, references):
         c += len(cand)
@@ -134,9 +137,14 @@ def _bleu_core(candidates, references, max_n=4, clip=True, bp=True, geometric=Tr
             cc, rc = _grams(cand, n), _grams(ref_, n)
             matches[n - 1] += sum((min(k, rc[g]) if clip else (k if g in rc else 0)) for g, k in cc.items())
             totals[n - 1] += max(len(cand) - n + 1, 0)
-    if c == 0 or min(matches) == 0:
+    if smooth == "epsilon":
+        ps = [(m if m else 0.1) / t if t else 0.0 for m, t in zip(matches, totals)]
+    elif smooth == "add-one":
+        ps = [(m + (n > 0)) / (t + (n > 0)) if t + (n > 0) else 0.0 for n, (m, t) in enumerate(zip(matches, totals))]
+    else:
+        ps = [m / t if t else 0.0 for m, t in zip(matches, totals)]
+    if c == 0 or min(ps) == 0:
         return 0.0
-    ps = [m / t for m, t in zip(matches, totals)]
     mean = math.exp(sum(map(math.log, ps)) / max_n) if geometric else sum(ps) / max_n
     penalty = 1.0
     if bp and c < r:
@@ -144,9 +152,17 @@ def _bleu_core(candidates, references, max_n=4, clip=True, bp=True, geometric=Tr
     return penalty * mean
 
 
-def _bleu_sentence_average(candidates, references, max_n=4):
-    return sum(_bleu_core([c], [r], max_n) for c, r in zip(candidates, references)) / len(candidates)
+def _bleu_sentence_average(candidates, references, max_n=4, smooth=None):
+    return sum(_bleu_core([c], [r], max_n, smooth=smooth) for c, r in zip(candidates, references)) / len(candidates)
 
+
+def _bleu_concatenated(candidates, references, max_n=4):
+    """The corpus joined into one long sentence (n-grams across sentence boundaries count)."""
+    return _bleu_core([[w for c in candidates for w in c]], [[w for r in references for w in r]], max_n)
+
+
+_SENTENCE_LEVEL = ("You average sentence-level scores: corpus BLEU pools the clipped n-gram counts and the lengths "
+                   "over the whole corpus first, then computes one score.")
 
 BLEU_MISTAKES = (
     Mistake("no clipping", partial(_bleu_core, clip=False),
@@ -160,8 +176,14 @@ BLEU_MISTAKES = (
     Mistake("arithmetic mean of precisions", partial(_bleu_core, geometric=False),
             "You average the n-gram precisions arithmetically: BLEU uses the geometric mean, exp(mean of log p_n)."),
     Mistake("average of sentence scores", _bleu_sentence_average,
-            "You average sentence-level scores: corpus BLEU pools the clipped n-gram counts and the lengths over "
-            "the whole corpus first, then computes one score."),
+            _SENTENCE_LEVEL),
+    Mistake("average of smoothed sentence scores (ε)", partial(_bleu_sentence_average, smooth="epsilon"),
+            _SENTENCE_LEVEL + " (Smoothing, as NLTK's sentence_bleu does, is not part of corpus BLEU either.)"),
+    Mistake("average of smoothed sentence scores (add-one)", partial(_bleu_sentence_average, smooth="add-one"),
+            _SENTENCE_LEVEL + " (Smoothing, as NLTK's sentence_bleu does, is not part of corpus BLEU either.)"),
+    Mistake("the corpus joined into one sentence", _bleu_concatenated,
+            "You join the corpus into one long sentence, so n-grams across sentence boundaries count: pool the "
+            "clipped counts of each (candidate, reference) pair instead."),
 )
 
 

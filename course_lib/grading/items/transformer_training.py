@@ -108,6 +108,35 @@ def _smoothed(smooth=_uniform, over_all=False, smooth_ignored=False):
     return loss
 
 
+def _kl(spread="uniform"):
+    """Label smoothing as a KL divergence to the smoothed target q (the Annotated Transformer's
+    nn.KLDivLoss), which is the smoothed cross-entropy minus q's entropy: ``spread`` ε/K over every
+    class ("uniform"), ε/(K−1) over the wrong ones ("others") or ε/(K−2) over the wrong ones but the
+    padding class ("annotated")."""
+
+    def loss(logits, target, epsilon, ignore_index=-100):
+        logp = torch.log_softmax(logits, -1)
+        K = logp.size(-1)
+        keep = target != ignore_index
+        safe = torch.where(keep, target, torch.zeros_like(target)).unsqueeze(-1)
+        pad = 0 <= ignore_index < K
+        off = {"uniform": epsilon / K, "others": epsilon / (K - 1),
+               "annotated": epsilon / (K - 2 if pad else K - 1)}[spread]
+        q = torch.full_like(logp, off)
+        q.scatter_(-1, safe, (1 - epsilon + epsilon / K) if spread == "uniform" else 1 - epsilon)
+        if spread == "annotated" and pad:
+            q[..., ignore_index] = 0.0
+        kl = torch.where(q > 0, q * (q.clamp_min(1e-30).log() - logp), torch.zeros_like(q)).sum(-1)
+        return torch.where(keep, kl, torch.zeros_like(kl)).sum() / keep.sum()
+
+    return loss
+
+
+_KL_HINT = ("You compute the KL divergence to the smoothed target (nn.KLDivLoss, as in the Annotated Transformer), "
+            "which is the cross-entropy minus the target's entropy, a constant that shifts the loss. The contract's "
+            "loss is the cross-entropy with the smoothed target, as F.cross_entropy(label_smoothing=ε): "
+            "(1 − ε)·(−log p_y) + ε · mean_k(−log p_k).")
+
 LS_MISTAKES = (
     Mistake("smoothing on ignored positions", _smoothed(smooth_ignored=True),
             "Positions whose target is ignore_index still get the smoothing term ε·mean(−log p): the smoothed "
@@ -125,6 +154,12 @@ LS_MISTAKES = (
             "epsilon has no effect: the loss is (1 − ε)·(−log p_y) + ε · mean_k(−log p_k)."),
     Mistake("ε times the sum", _smoothed(lambda logp, nll, _: -logp.sum(-1)),
             "The smoothing term uses the sum of −log p_k over the classes; it is the mean (ε/K for each class)."),
+    Mistake("KL divergence instead of cross-entropy", _kl("uniform"), _KL_HINT),
+    Mistake("KL divergence, ε over the other classes", _kl("others"),
+            _KL_HINT + " Spread ε over all K classes (ε/K each), not over the K − 1 wrong ones."),
+    Mistake("KL divergence, the Annotated Transformer's target", _kl("annotated"),
+            _KL_HINT + " Spread ε over all K classes (ε/K each): not ε/(K − 2) over the wrong classes but the "
+            "padding one, and the padding class keeps its share."),
 )
 
 

@@ -535,12 +535,14 @@ def _rollout_case(seed: int, num_layers: int, B: int, H: int, N: int, fusion: st
 
     how = "head_fusion default" if fusion is None else f"head_fusion={fusion!r}"
     kind = "a tuple" if as_tuple else "a list"
-    return Case(f"{kind} of {num_layers} layers of attention ({B}, {H}, {N}, {N}) {dtype_name(dtype)}, {how}", make)
+    return Case(f"{kind} of {num_layers} layer{'s' if num_layers != 1 else ''} of attention ({B}, {H}, {N}, {N}) {dtype_name(dtype)}, {how}", make)
 
 
-def _rollout(identity=True, renorm=True, fuse_first=True, order="later-left", fusion=None, norm_first=False):
+def _rollout(identity=True, renorm=True, fuse_first=True, order="later-left", fusion=None, norm_first=False,
+             keepdim=True):
     """A wrong rollout: no identity, no renormalisation, heads fused after the product, the
-    product in the wrong order, head_fusion ignored, rows normalised before adding I."""
+    product in the wrong order, head_fusion ignored, rows normalised before adding I, or
+    divided by row sums without keepdim (which line up with the columns, or fail to broadcast)."""
 
     def attention_rollout(attentions, head_fusion="mean"):
         how = fusion or head_fusion
@@ -556,7 +558,7 @@ def _rollout(identity=True, renorm=True, fuse_first=True, order="later-left", fu
                 a = a / a.sum(-1, keepdim=True)
             if identity:
                 a = a + torch.eye(n, dtype=a.dtype, device=a.device)
-            return a / a.sum(-1, keepdim=True) if renorm else a
+            return (a / a.sum(-1, keepdim=keepdim)) if renorm else a
 
         out = None
         for a in attentions:
@@ -582,6 +584,10 @@ ROLLOUT_MISTAKES = (
             "result is Â_L ⋯ Â_2 Â_1 (each new layer on the left)."),
     Mistake("head_fusion ignored", _rollout(fusion="mean"),
             "head_fusion='max' takes the largest weight over the heads (.amax(dim=1)), not their mean."),
+    Mistake("row sums without keepdim", _rollout(keepdim=False),
+            "The row sums are taken without keepdim: a / a.sum(dim=-1) divides (B, N, N) by (B, N), which lines the "
+            "sums up with the columns (and fails to broadcast when B ≠ N). Keep the axis: "
+            "a / a.sum(dim=-1, keepdim=True)."),
     Mistake("rows normalised before adding the identity", _rollout(norm_first=True),
             "Add I to the fused attention first, then normalise the rows of A_l + I (with max fusion they do not "
             "sum to 1 before)."),
