@@ -120,7 +120,7 @@ def class_answers(students: int, seed: int = 0) -> tuple[dict[str, dict[str, str
     """Every student's answers (student -> grade_id -> source), and what was planted."""
     import nbformat
 
-    from course_lib.grading.registry import all_specs
+    from course_lib.grading.judge.registry import all_specs
     from autograder.reports.similarity import reference_source
 
     released = nbformat.read(str(REPO / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), as_version=4)

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from course_lib.grading.registry import all_specs
+from course_lib.grading.judge.registry import all_specs
 
 
 def census() -> dict[str, Any]:

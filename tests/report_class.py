@@ -1,7 +1,7 @@
 """A generated class for the class report (``workbook report``): every student of
 notebook 03 gets one planted mistake, a catalogued one, none, or one the catalogue does
 not know. Their item results are the grader's own judgements of those implementations
-(``course_lib.grading.runner.grade`` with the hidden sub-checks), recorded in the
+(``course_lib.grading.judge.runner.grade`` with the hidden sub-checks), recorded in the
 gradebook through nbgrader's API and in the reports the way ``workbook autograde``
 records them. Used by tests/grading/test_class_report.py and benchmarks/class_report.py.
 """
@@ -16,7 +16,7 @@ import torch
 
 from autograder.course import Course as GradedCourse, write_json_atomic
 from course_lib.grading import get_spec
-from course_lib.grading.runner import grade
+from course_lib.grading.judge.runner import grade
 
 ASSIGNMENT = "03_self_attention"
 UNRECOGNISED = "output doubled"  # a planted mistake the catalogue does not have

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading import get_spec, grade
-from course_lib.grading.results import ItemResult
+from course_lib.grading.judge.results import ItemResult
 
 
 def messages(result: ItemResult) -> str:

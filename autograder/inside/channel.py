@@ -1,7 +1,7 @@
 """Messages between the grader and the sandboxed runner over one Unix socket.
 
 A frame is a 4-byte length followed by a message encoded with
-:mod:`course_lib.grading.wire` (plain data only, no pickle). Both sides use this
+:mod:`course_lib.grading.answer.wire` (plain data only, no pickle). Both sides use this
 module; the grader's side (:class:`FrameReader`) never blocks on a peer that stops
 mid-frame, and refuses frames over its size limit.
 
@@ -16,7 +16,7 @@ import struct
 import threading
 from typing import Any
 
-from course_lib.grading.wire import WireLimits, WireError, decode, encode
+from course_lib.grading.answer.wire import WireLimits, WireError, decode, encode
 
 __all__ = ["Channel", "FrameReader", "ProtocolError", "MAX_FRAME"]
 

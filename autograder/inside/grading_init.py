@@ -2,9 +2,9 @@
 course_lib by autograder/sealing/course_copy.py): grading runs outside this process, the checks live in
 the grader, which judges the answers this notebook's code gives."""
 
-from course_lib.grading.calls import Call, Invoke, Subject  # noqa: F401 - what the notebooks import
-from course_lib.grading.perform import perform  # noqa: F401
-from course_lib.grading.spec import CheckFailed  # noqa: F401
+from course_lib.grading.answer.calls import Call, Invoke, Subject  # noqa: F401 - what the notebooks import
+from course_lib.grading.answer.perform import perform  # noqa: F401
+from course_lib.grading.answer.calls import CheckFailed  # noqa: F401
 
 __all__ = ["check", "working_or_reference"]
 
@@ -16,7 +16,7 @@ def check(item, impl, hidden=False, device=None):
 
 def working_or_reference(item, impl):
     """``impl`` if it passes the item's visible checks (judged by the grader), else
-    course_lib's reference (see course_lib.grading.runner.working_or_reference)."""
+    course_lib's reference (see course_lib.grading.judge.runner.working_or_reference)."""
     import workbook_runner
 
     passed, reference = workbook_runner.visible_check(item, impl)

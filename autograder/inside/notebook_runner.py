@@ -8,7 +8,7 @@ files, limits itself, and runs every code cell (in
 (no Jupyter kernel, no ports, no connection files), streaming each cell's outputs
 to the grader as they appear. At a test cell it runs nothing of the cell: it asks
 the grader for that item's plan and answers each call with the student's object of
-that name (:func:`course_lib.grading.perform.perform`), as plain data.
+that name (:func:`course_lib.grading.answer.perform.perform`), as plain data.
 
 Everything here runs in the student's process and may be tampered with by the
 student's code: the grader trusts none of it. It only produces answers and outputs,
@@ -282,8 +282,8 @@ class Timeout:
 
 def answer_plan(channel: Channel, shell, index: int, grade_id: str, cell_timeout: float) -> None:
     """Ask the grader for the plan of this test cell's item and answer every call."""
-    from course_lib.grading.calls import Call, Subject
-    from course_lib.grading.perform import perform
+    from course_lib.grading.answer.calls import Call, Subject
+    from course_lib.grading.answer.perform import perform
 
     reply = channel.request({"type": "plan_request", "grade_id": grade_id, "cell": index})
     if reply.get("type") != "plan":
@@ -463,8 +463,8 @@ def _leave() -> None:
 def visible_check(item: str, impl):
     """``(passed, reference)``: whether ``impl`` passes the item's visible checks, as the
     grader judges its answers, and course_lib's reference for the item (a stub here)."""
-    from course_lib.grading.calls import Call, Subject, resolve
-    from course_lib.grading.perform import perform
+    from course_lib.grading.answer.calls import Call, Subject, resolve
+    from course_lib.grading.answer.perform import perform
 
     if _CHANNEL is None:
         return True, None

@@ -4,7 +4,7 @@ to run the reference, through the runner (autograder/inside/notebook_runner.py).
 
 import torch
 
-from course_lib.grading.wire import GeneratorState
+from course_lib.grading.answer.wire import GeneratorState
 
 
 class ReferenceUnavailable(RuntimeError):

@@ -224,7 +224,7 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
     logging.getLogger("traitlets").setLevel(logging.CRITICAL)
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
     import nbformat
-    from course_lib.grading.registry import all_specs
+    from course_lib.grading.judge.registry import all_specs
     known = all_specs()
     items = [i for i in test_items(nbformat.reads(job["notebook"], as_version=4)) if i in known]
     scratch = Path(tempfile.mkdtemp(prefix="workbook-task-"))

@@ -49,7 +49,7 @@ class WorkerResult(TypedDict, total=False):
     job_id: str
     notebook: str  # the autograded notebook, JSON text
     cells: list[dict]  # per test cell: {"grade_id", "score", "max_score", "error"}
-    items: dict[str, dict]  # item -> course_lib.grading.results.ItemResult as data
+    items: dict[str, dict]  # item -> course_lib.grading.judge.results.ItemResult as data
     problems: list[dict]  # autograder.course.problems.Problem
     seconds: float
     oracle_calls: int  # calls of course_lib's references the notebook made (autograder.pipeline.reference_oracle)
@@ -99,7 +99,7 @@ class RunOutcome:
     items: list[str]  # the items with a check spec, in the notebook's order
     salts: dict[str, int]
     device: str  # where answers are judged: "cpu" or "cuda"
-    plans: dict[str, Any]  # item -> the plan its test cell was served (course_lib.grading.trial.ItemPlan)
+    plans: dict[str, Any]  # item -> the plan its test cell was served (course_lib.grading.judge.trial.ItemPlan)
     answers: dict[str, list[list[Any]]]  # item -> the answers, per sub-check, per call (None: none came)
     outputs: dict[int, list[dict]]  # cell index -> its outputs, validated and capped
     counts: dict[int, int | None]  # cell index -> its execution count
@@ -120,7 +120,7 @@ class RunOutcome:
 
 @dataclass
 class Judgement:
-    """What the judge found: every item's result (course_lib.grading.results.ItemResult), the
+    """What the judge found: every item's result (course_lib.grading.judge.results.ItemResult), the
     test cells' scores as recorded (``{"grade_id", "score", "max_score", "error"}``), and the
     problems it found (a test cell without a check). The autograded notebook is the outcome's,
     filled in."""

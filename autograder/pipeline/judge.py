@@ -3,7 +3,7 @@
 It reads what the run stage kept (:class:`~autograder.pipeline.handoffs.RunOutcome`), never
 the running process, and what was read in the student's source (the forbidden callables its
 solution cells name: autograder/pipeline/source_checks.py). :func:`judge` replays each item's
-plan against the answers the runner gave (:func:`course_lib.grading.runner.judge_item`) and
+plan against the answers the runner gave (:func:`course_lib.grading.judge.runner.judge_item`) and
 assigns the points; an item whose test cell never ran scores 0 with the reason. Then it
 assembles the autograded notebook (:func:`assemble`): the grader's report and score in each
 test cell, the outputs the run kept, the student's markdown kept as text.
@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading import get_spec
-from course_lib.grading.results import ItemResult, SubResult, format_report
-from course_lib.grading.runner import judge_item
+from course_lib.grading.judge.results import ItemResult, SubResult, format_report
+from course_lib.grading.judge.runner import judge_item
 
 from ..course.problems import problem
 from ..doors.outbound import clean_attachments, clean_markdown

@@ -154,7 +154,7 @@ class Batch:
     def course_copy(self, nb: NotebookNode, notebook: str) -> Path:
         """The sandbox's course_lib for this notebook's items (references stubbed), built once."""
         if notebook not in self.copies:
-            from course_lib.grading.registry import all_specs
+            from course_lib.grading.judge.registry import all_specs
 
             known = all_specs()
             dest = self.scratch / f"course-{notebook}"

@@ -22,8 +22,8 @@ import sys
 from typing import Any
 
 from course_lib.device import full_precision
-from course_lib.grading.calls import realise
-from course_lib.grading.wire import GeneratorState, WireError, decode, encode
+from course_lib.grading.answer.calls import realise
+from course_lib.grading.answer.wire import GeneratorState, WireError, decode, encode
 
 __all__ = ["Oracle"]
 
@@ -32,7 +32,7 @@ MAX_REPLY = 64 * 2**20
 
 
 def code_objects(obj: Any) -> set:
-    from course_lib.grading.watch import code_objects as codes
+    from course_lib.grading.answer.watch import code_objects as codes
     return codes(obj)
 
 
@@ -105,7 +105,7 @@ def _serve(conn: socket.socket, targets: dict[str, Any], memory_mb: int | None) 
 
 def _plain(value: Any, depth: int = 0) -> bool:
     """Only data may reach a reference: no Build (it would construct objects here)."""
-    from course_lib.grading.wire import Build, Opaque
+    from course_lib.grading.answer.wire import Build, Opaque
     if isinstance(value, (Build, Opaque)) or depth > 30:
         return False
     if isinstance(value, (list, tuple)):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from course_lib.grading import get_spec
-from course_lib.grading.wire import WireLimits
+from course_lib.grading.answer.wire import WireLimits
 
 from ..inside.cells import is_test_cell, nbgrader_meta
 from ..inside.channel import MAX_FRAME, Channel, FrameReader, ProtocolError

@@ -3,7 +3,7 @@ time, as the runner (autograder/inside/notebook_runner.py) sends them.
 
 Cells start and end in order, each once, and their outputs go into the
 :class:`~autograder.pipeline.run_transcript.Transcript`. A test cell asks for its item's plan
-(:func:`course_lib.grading.runner.plan_item`, inputs salted with the submission's secret salt),
+(:func:`course_lib.grading.judge.runner.plan_item`, inputs salted with the submission's secret salt),
 given only while that cell runs and only once, and answers each call with plain data, kept for
 the judge. ``working_or_reference`` asks for an item's visible checks and a verdict (salt 0, no
 points). A stub of a graded reference asks the oracle (autograder/pipeline/reference_oracle.py),
@@ -20,9 +20,9 @@ from typing import Any, Callable
 import torch
 
 from course_lib.grading import get_spec
-from course_lib.grading.calls import Subject
-from course_lib.grading.runner import judge_item, plan_item
-from course_lib.grading.wire import decode
+from course_lib.grading.answer.calls import Subject
+from course_lib.grading.judge.runner import judge_item, plan_item
+from course_lib.grading.answer.wire import decode
 
 from ..course.problems import problem
 from ..inside.cells import is_test_cell, nbgrader_meta

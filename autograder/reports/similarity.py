@@ -99,7 +99,7 @@ def reference_source(item: str) -> str | None:
     import ast
     import sys
 
-    from course_lib.grading.registry import all_specs
+    from course_lib.grading.judge.registry import all_specs
     spec = all_specs().get(item)
     if spec is None:
         return None

@@ -17,8 +17,8 @@ never holds the code of the references graded in the notebook:
   model, a callable) raises :class:`ReferenceUnavailable`: that demonstration stops
   while a notebook is graded (its cell does not count);
 - ``course_lib/grading`` keeps only what the student's side needs to answer calls
-  (:mod:`course_lib.grading.calls`, ``perform``, ``probes``, ``watch``, ``silence``,
-  :mod:`~course_lib.grading.wire`, the input fixtures); the check specs, hidden tests and catalogued mistakes are not there.
+  (:mod:`course_lib.grading.answer.calls`, ``perform``, ``probes``, ``watch``, ``silence``,
+  :mod:`~course_lib.grading.answer.wire`, the input fixtures); the check specs, hidden tests and catalogued mistakes are not there.
   ``check`` and ``working_or_reference`` become harmless placeholders.
 """
 
@@ -39,8 +39,9 @@ __all__ = ["build_course_copy", "build_font_cache", "reference_targets", "ORACLE
 
 ORACLE_MODULE = "_grading_oracle"
 
-# What course_lib/grading keeps in the sandbox.
-_GRADING_KEEP = {"calls.py", "perform.py", "probes.py", "watch.py", "silence.py", "wire.py", "spec.py", "fixtures"}
+# What course_lib/grading keeps in the sandbox: its student's side, whole (the judge and the
+# items stay with the grader).
+_GRADING_KEEP = {"answer"}
 
 _INSIDE = Path(__file__).resolve().parents[1] / "inside"  # the two modules copied into the sandbox's course_lib
 

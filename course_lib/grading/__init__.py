@@ -8,10 +8,10 @@ In a test cell::
     check("causal_mask", causal_mask, hidden=True)   # hidden part (grading)
 """
 
-from .registry import all_specs, get_spec
-from .results import ItemResult, Score, format_report
-from .runner import check, grade, working_or_reference
-from .spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from .judge.registry import all_specs, get_spec
+from .judge.results import ItemResult, Score, format_report
+from .judge.runner import check, grade, working_or_reference
+from .judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 __all__ = [
     "check", "grade", "working_or_reference", "format_report", "get_spec", "all_specs",

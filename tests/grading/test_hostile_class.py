@@ -145,13 +145,13 @@ for _name, _module in list(sys.modules.items()):
                 setattr(_module, _attr, _full_marks)
             except Exception:
                 pass
-for _fake_name in ("course_lib.grading.runner", "course_lib.grading.registry", "course_lib.grading.items",
-                   "course_lib.grading.compare", "autograder", "autograder.pipeline.run", "autograder.pipeline.judge"):
+for _fake_name in ("course_lib.grading.judge.runner", "course_lib.grading.judge.registry", "course_lib.grading.items",
+                   "course_lib.grading.judge.compare", "autograder", "autograder.pipeline.run", "autograder.pipeline.judge"):
     _fake = types.ModuleType(_fake_name)
     _fake.check = _fake.grade = _fake.judge_item = _fake.format_report = _full_marks
     _fake.describe_difference = lambda *a, **k: None
     sys.modules[_fake_name] = _fake
-import course_lib.grading.perform as _performing
+import course_lib.grading.answer.perform as _performing
 _perform = _performing.perform
 
 def _claiming_perform(subject, impl, call, watch=True):
@@ -500,7 +500,7 @@ payload = "\nprint('@MARK@ planted')\nimport os; os.system('touch /tmp/@MARK@-pl
 targets = [course_lib.__file__, os.path.join(base, "attention.py"), os.path.join(base, "grading", "__init__.py"),
            os.path.join(base, "grading", "calls.py"), "/opt/workbook/notebook_runner.py", "/opt/workbook/channel.py",
            "/work/main/course_lib/attention.py", "/work/main/course_lib/grading/items/self_attention.py",
-           "/work/main/course_lib/grading/compare.py", "/work/main/autograder/pipeline/judge.py",
+           "/work/main/course_lib/grading/judge/compare.py", "/work/main/autograder/pipeline/judge.py",
            "/work/main/nbgrader_config.py", "/work/main/grading/gradebook.db", "/work/main/grading/.workbook-secret",
            "/root/.ipython/profile_default/startup/00-@MARK@.py", "/root/.bashrc", "/etc/passwd",
            sys.executable, os.path.join(os.path.dirname(os.__file__), "site.py")]
@@ -662,12 +662,12 @@ ESCAPE = r'''
 # @MARK@ breaking out through the grader's oracle (course_lib's references run outside the sandbox)
 import os, torch
 import workbook_runner
-from course_lib.grading.wire import Build, GeneratorState
+from course_lib.grading.answer.wire import Build, GeneratorState
 name = "course_lib.attention:scaled_dot_product_attention"
 shell = ("touch /tmp/@MARK@-escaped; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done "
          "| grep -o -- '--course [^ ]*' | head -1 | cut -d' ' -f2 > /tmp/@MARK@-course")
-system = [f"{prefix}:{path}" for prefix in ("torch", "torch.serialization", "course_lib.grading.fixtures.gpt",
-                                            "course_lib.grading.fixtures.transformer", "course_lib.attention")
+system = [f"{prefix}:{path}" for prefix in ("torch", "torch.serialization", "course_lib.grading.answer.fixtures.gpt",
+                                            "course_lib.grading.answer.fixtures.transformer", "course_lib.attention")
           for path in ("os.system", "serialization.os.system", "torch.serialization.os.system", "np.os.system")]
 replies = []
 for target in system:
@@ -683,7 +683,7 @@ for target in system:
     except Exception as exc:
         replies.append(("grad", type(exc).__name__))
 for path in ("/tmp/@MARK@-course", "/work/main/nbgrader_config.py", "/etc/shadow"):
-    for target in ("torch:from_file", "course_lib.grading.fixtures.gpt:torch.from_file"):
+    for target in ("torch:from_file", "course_lib.grading.answer.fixtures.gpt:torch.from_file"):
         try:
             data = Build(target, (path,), {"size": 64, "dtype": torch.uint8}, dtype="float64")
             reply = workbook_runner.oracle(name, (torch.zeros(1, 1, dtype=torch.float64),
@@ -1027,10 +1027,10 @@ def _public_answers(item: str) -> str:
     import zlib
 
     import torch
-    from course_lib.grading.calls import Call
-    from course_lib.grading.perform import perform
-    from course_lib.grading.runner import plan_item
-    from course_lib.grading.wire import decode
+    from course_lib.grading.answer.calls import Call
+    from course_lib.grading.answer.perform import perform
+    from course_lib.grading.judge.runner import plan_item
+    from course_lib.grading.answer.wire import decode
     spec = get_spec(item)
     known = []
     for segment in plan_item(spec, hidden=False, device="cpu", salt=0).segments:

@@ -202,7 +202,7 @@ def test_a_notebook_that_floods_the_grader_still_stops_at_its_time_limit(tmp_pat
     itself (after 120 s, with a line of its own)."""
     flood = nbformat.v4.new_code_cell(
         "import signal, struct, time, workbook_runner\n"
-        "from course_lib.grading.wire import encode\n"
+        "from course_lib.grading.answer.wire import encode\n"
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "frame = encode({'type': 'hello'}, kind='message')\n"
         "burst = (struct.pack('<I', len(frame)) + frame) * 2000\n"

@@ -59,9 +59,9 @@ def test_it_holds_what_a_student_needs_and_nothing_of_the_grading(edition):
 VISIBLE = r"""
 import json, sys
 from course_lib.grading import get_spec
-from course_lib.grading.registry import all_specs
-from course_lib.grading.results import format_report
-from course_lib.grading.runner import grade
+from course_lib.grading.judge.registry import all_specs
+from course_lib.grading.judge.results import format_report
+from course_lib.grading.judge.runner import grade
 out = {}
 for name, spec in sorted(all_specs().items()):
     impl = spec.mistakes[0].impl if spec.mistakes else spec.reference

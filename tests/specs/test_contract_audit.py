@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from course_lib.grading import all_specs
-from course_lib.grading.calls import Call
-from course_lib.grading.runner import plan_item
-from course_lib.grading.wire import decode
+from course_lib.grading.answer.calls import Call
+from course_lib.grading.judge.runner import plan_item
+from course_lib.grading.answer.wire import decode
 
 ROOT = Path(__file__).resolve().parents[2]
 CURRICULUM = ROOT.parent / "shared" / "curriculum.md"

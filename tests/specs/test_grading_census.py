@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from course_lib.grading.registry import all_specs
+from course_lib.grading.judge.registry import all_specs
 from grading_census import census
 
 

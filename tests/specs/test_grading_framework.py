@@ -18,8 +18,8 @@ from nbgrader.utils import determine_grade
 from course_lib import bert, bpe, multihead, positional
 from course_lib.grading.items.bert import HAND_MERGES
 from course_lib.grading import all_specs, check, get_spec, grade, working_or_reference
-from course_lib.grading.compare import describe_difference
-from course_lib.grading.results import format_report
+from course_lib.grading.judge.compare import describe_difference
+from course_lib.grading.judge.results import format_report
 from conftest import ROOT
 from nbtools import exec_solution_cells
 
@@ -232,9 +232,9 @@ def test_specs_run_in_a_separate_process_without_a_kernel(tmp_path):
 
 def _answers(spec, impl, plan, poisoned=()):
     """What the student's side would answer (here, with ``poisoned`` references raising)."""
-    from course_lib.grading.calls import Call
-    from course_lib.grading.perform import perform
-    from course_lib.grading.wire import decode, to_plain
+    from course_lib.grading.answer.calls import Call
+    from course_lib.grading.answer.perform import perform
+    from course_lib.grading.answer.wire import decode, to_plain
 
     saved = []
     for ref in poisoned:
@@ -266,7 +266,7 @@ def test_judged_answers_give_the_local_grade(namespaces, item):
     the student's side (with every reference of the notebook unavailable there, as in
     the sandbox) gives exactly the in-process grade, with salted inputs; a spec's calls
     never depend on the answers."""
-    from course_lib.grading.runner import judge_item, plan_item
+    from course_lib.grading.judge.runner import judge_item, plan_item
 
     spec = get_spec(item)
     salt = 424_242
@@ -285,7 +285,7 @@ def test_judged_answers_give_the_local_grade(namespaces, item):
 
 def test_every_item_travels_as_data():
     """Each spec's invoke is data, so the student's side needs no spec code."""
-    from course_lib.grading.calls import Invoke, Subject
+    from course_lib.grading.answer.calls import Invoke, Subject
 
     for name, spec in SPECS.items():
         assert isinstance(spec.invoke, Invoke), name
@@ -295,7 +295,7 @@ def test_every_item_travels_as_data():
 
 
 def test_grading_inputs_change_with_the_salt_but_not_the_visible_ones():
-    from course_lib.grading.runner import plan_item
+    from course_lib.grading.judge.runner import plan_item
 
     spec = get_spec("scaled_dot_product_attention")
     a, b, again = (plan_item(spec, salt=s) for s in (1, 2, 1))
@@ -344,9 +344,9 @@ def test_an_answer_fixed_to_the_notebook_example_fails_the_visible_check(item, e
 def _public_calls(spec) -> list:
     """The calls of an item's visible checks as a notebook makes them (salt 0): public, as
     the checks' code is in the student edition."""
-    from course_lib.grading.calls import Call
-    from course_lib.grading.runner import plan_item
-    from course_lib.grading.wire import decode
+    from course_lib.grading.answer.calls import Call
+    from course_lib.grading.judge.runner import plan_item
+    from course_lib.grading.answer.wire import decode
     plan = plan_item(spec, hidden=False, device="cpu", salt=0)
     return [[Call.from_data(decode(data, kind="call")) for data in segment] for segment in plan.segments]
 
@@ -367,7 +367,7 @@ def _memorised(spec, calls, constant: bool = False):
     first of them to anything else (a plausible answer of the right kind, and wrong); with
     ``constant``, the first answer to everything. None when no call has an answer a table
     could hold."""
-    from course_lib.grading.perform import perform
+    from course_lib.grading.answer.perform import perform
     table = []
     for call in calls:
         answer = perform(spec, spec.reference, call, watch=False)
@@ -395,7 +395,7 @@ def test_every_visible_point_asks_for_an_answer_the_student_has_not_seen():
     parameters a module declares) runs at least one input drawn from the grading's salt:
     its fixed inputs (a hand example, the notebook's sizes) are public, and their answers
     could be typed in."""
-    from course_lib.grading.runner import plan_item
+    from course_lib.grading.judge.runner import plan_item
     fixed = []
     for name, spec in SPECS.items():
         plans = [plan_item(spec, hidden=False, device="cpu", salt=salt) for salt in (11, 2**40 + 7, 987_654_321)]
@@ -408,8 +408,8 @@ def test_every_visible_point_asks_for_an_answer_the_student_has_not_seen():
 
 
 def _probe_names(segment) -> set[str]:
-    from course_lib.grading.calls import Call
-    from course_lib.grading.wire import decode
+    from course_lib.grading.answer.calls import Call
+    from course_lib.grading.answer.wire import decode
     return {Call.from_data(decode(data, kind="call")).probe.name for data in segment}
 
 
@@ -467,8 +467,8 @@ def test_pass_or_fail_only_skips_the_mistake_search():
 def test_a_seed_outside_a_running_check_is_an_error():
     """An input seeded when a spec is built (at import) would be the same for every grading,
     salt or not: seed() is an error outside a running check, and per-grading inside one."""
-    from course_lib.grading.properties import seed
-    from course_lib.grading.runner import salted
+    from course_lib.grading.judge.properties import seed
+    from course_lib.grading.judge.runner import salted
 
     with pytest.raises(RuntimeError, match="outside a running check"):
         seed(901)
@@ -526,7 +526,7 @@ def test_every_name_an_item_is_judged_without_is_an_earlier_item_of_its_notebook
     its notebook (the sandbox's stand-ins for those answer only once they are graded)."""
     import nbformat
 
-    from course_lib.grading.calls import resolve
+    from course_lib.grading.answer.calls import resolve
     specs = all_specs()
     order = {}
     for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):

@@ -206,7 +206,7 @@ def test_the_memory_check_cannot_be_talked_out_of_by_the_student_process():
     tensor. Neither earns the point: at this T the machine itself refuses the (T, T) array."""
     import numpy as np
 
-    from course_lib.grading import probes
+    from course_lib.grading.answer import probes
 
     def numpy_scores(q, k, v, window, causal=True):
         s = np.asarray(q.detach()) @ np.swapaxes(np.asarray(k.detach()), -1, -2) / math.sqrt(q.size(-1))
@@ -288,7 +288,7 @@ def test_cached_generate_is_judged_with_the_graders_cache_and_the_cache_on_its_o
     result = grade(get_spec("cached_generate"), space["cached_generate"], hidden=True)
     assert result.earned == get_spec("cached_generate").points, [r.message for r in result.results if not r.passed]
     assert space["KVCache"] is wrong
-    from course_lib.grading.fixtures.efficient import GraderCache
+    from course_lib.grading.answer.fixtures.efficient import GraderCache
     borrowed = grade(get_spec("KVCache"), GraderCache, hidden=True)
     assert borrowed.earned == 0 and "the grader's own cache" in borrowed.reference_used
 

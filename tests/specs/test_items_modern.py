@@ -245,7 +245,7 @@ def test_gqa_by_torchs_fused_kernel_with_its_weights_earns_every_point():
 
 
 def test_the_graders_angles_are_the_references_and_earn_nothing():
-    from course_lib.grading.fixtures.modern import grader_angles
+    from course_lib.grading.answer.fixtures.modern import grader_angles
     from course_lib.positional import rope_angles
 
     for dtype, positions in ((torch.float32, torch.arange(7)), (torch.float64, torch.arange(9990, 10000).expand(2, 10))):

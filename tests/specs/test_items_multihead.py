@@ -152,7 +152,7 @@ def test_mask_without_head_axis_hint_appears_on_the_hidden_padding_case():
 
 def test_failure_message_reads_well():
     from course_lib.grading.items.multihead import MHANoWo
-    from course_lib.grading.results import format_report
+    from course_lib.grading.judge.results import format_report
 
     result = grade(get_spec("MultiHeadAttention"), MHANoWo, hidden=False, device="cpu")
     report = format_report(result)
@@ -168,7 +168,7 @@ def test_gradient_properties_name_what_is_missing():
 
     import torch
     from course_lib.grading import get_spec
-    from course_lib.grading.runner import grade
+    from course_lib.grading.judge.runner import grade
 
     def attend(q, k, v, mask=None):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))

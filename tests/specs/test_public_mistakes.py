@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.grading import get_spec, grade
-from course_lib.grading.compare import describe_difference, fmt_pair
-from course_lib.grading.results import format_report
-from course_lib.grading.trial import LIKELY_CAUSE
+from course_lib.grading.judge.compare import describe_difference, fmt_pair
+from course_lib.grading.judge.results import format_report
+from course_lib.grading.judge.trial import LIKELY_CAUSE
 from course_lib.multihead import MultiHeadAttention
 
 

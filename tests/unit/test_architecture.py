@@ -245,6 +245,72 @@ def test_the_inside_package_imports_nothing_of_the_trusted_side():
     assert not wrong, wrong
 
 
+ANSWER = "course_lib.grading.answer"
+JUDGE_SIDE = ("course_lib.grading.judge", "course_lib.grading.items")
+
+
+def _judge_side_reached(graph: dict[str, set[str]], starts: list[str]) -> list[str]:
+    """``a -> … -> b`` for each module ``b`` of the judge's side (or course_lib.grading's own
+    ``__init__``, which imports it) that a module in ``starts`` reaches through its imports."""
+    out = []
+    for start in starts:
+        seen, todo, via = {start}, [start], {start: None}
+        while todo:
+            here = todo.pop()
+            for dep in sorted(graph.get(here, ())):
+                if dep in seen:
+                    continue
+                seen.add(dep)
+                via[dep] = here
+                if dep == "course_lib.grading" or dep.startswith(JUDGE_SIDE):
+                    chain, at = [dep], here
+                    while at is not None:
+                        chain.insert(0, at)
+                        at = via[at]
+                    out.append(" -> ".join(chain))
+                    continue
+                todo.append(dep)
+    return out
+
+
+def test_the_answer_side_imports_nothing_of_the_judge():
+    """course_lib/grading/answer/ is copied whole into the sealed course and runs beside the
+    student's code; autograder/inside/ runs there too. Neither may reach the judge's side
+    (course_lib.grading.judge, .items), directly or through another module: in the seal it is not
+    there, and it must not be."""
+    graph = _graph()
+    for path in sorted(INSIDE.glob("*.py")):  # (the two copied into course_lib are checked too)
+        module = f"autograder.inside.{path.stem}"
+        graph[module] = {dep for target, names, _ in _imports(path, module)
+                         for dep in _ours(target, _modules(), names) if dep != module}
+    starts = sorted(m for m in graph if m == ANSWER or m.startswith(ANSWER + ".") or m.startswith("autograder.inside."))
+    assert len([m for m in starts if m.startswith(ANSWER)]) >= 7, starts
+    reached = _judge_side_reached(graph, starts)
+    assert not reached, "the answer side reaches the judge's: " + "; ".join(reached)
+
+
+def test_the_answer_rule_finds_a_judge_side_import():
+    graph = {"course_lib.grading.answer.perform": {"course_lib.grading.answer.calls", "course_lib.device"},
+             "course_lib.grading.answer.calls": {"course_lib.grading.answer.wire"},
+             "course_lib.grading.answer.wire": {"course_lib.grading.judge.compare"},
+             "autograder.inside.cells": {"course_lib.grading"}, "course_lib.device": set()}
+    assert _judge_side_reached(graph, ["course_lib.grading.answer.perform", "autograder.inside.cells"]) == [
+        "course_lib.grading.answer.perform -> course_lib.grading.answer.calls -> course_lib.grading.answer.wire "
+        "-> course_lib.grading.judge.compare",
+        "autograder.inside.cells -> course_lib.grading"]
+
+
+def test_the_sealed_course_holds_the_answer_side_whole_and_nothing_of_the_judge(tmp_path):
+    from autograder.sealing.course_copy import build_course_copy
+
+    build_course_copy(tmp_path, ["causal_mask"])
+    grading = tmp_path / "course_lib" / "grading"
+    assert sorted(p.name for p in grading.iterdir() if p.name != "__pycache__") == ["__init__.py", "answer"]
+    source = ROOT / "course_lib" / "grading" / "answer"
+    assert sorted(p.relative_to(grading / "answer").as_posix() for p in (grading / "answer").rglob("*.py")) == \
+        sorted(p.relative_to(source).as_posix() for p in source.rglob("*.py"))
+
+
 def test_the_sandbox_mounts_the_inside_folder_and_nothing_else_of_the_autograder(tmp_path, monkeypatch):
     from autograder.sealing import sandbox
     from autograder.pipeline.run import RUNNER

@@ -16,9 +16,9 @@ from autograder.pipeline.reference_oracle import Oracle
 from autograder.sealing.course_copy import reference_targets
 from autograder.doors.outbound import clean_markdown, clean_output, clean_text
 from course_lib.grading import get_spec
-from course_lib.grading.calls import realise
-from course_lib.grading.compare import describe_difference
-from course_lib.grading.wire import Build, WireLimits, WireError, decode, encode
+from course_lib.grading.answer.calls import realise
+from course_lib.grading.judge.compare import describe_difference
+from course_lib.grading.answer.wire import Build, WireLimits, WireError, decode, encode
 
 
 def test_the_oracle_runs_references_on_plain_data_only():
@@ -42,7 +42,7 @@ def test_the_oracle_runs_references_on_plain_data_only():
 def test_builds_construct_grading_fixtures_only():
     with pytest.raises(ValueError, match="cannot use"):
         realise(Build("torch.utils.collect_env:run", ("true",)))
-    model = realise(Build("course_lib.grading.fixtures.gpt:ContextSumModel", (11, 4)))
+    model = realise(Build("course_lib.grading.answer.fixtures.gpt:ContextSumModel", (11, 4)))
     assert model.block_size == 4
 
 

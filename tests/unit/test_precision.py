@@ -14,8 +14,8 @@ from torch import nn
 from autograder.pipeline.reference_oracle import Oracle
 from course_lib.device import full_precision
 from course_lib.grading import get_spec, grade
-from course_lib.grading.compare import describe_difference
-from course_lib.grading.runner import plan_item
+from course_lib.grading.judge.compare import describe_difference
+from course_lib.grading.judge.runner import plan_item
 
 NEW_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")  # PyTorch >= 2.9
 TREE = ("cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul")

@@ -17,7 +17,7 @@ from course_lib.bleu import bleu, sentence_bleu_simple
 from course_lib.data.translation import (ADJECTIVES, NOUNS, OBJECT_PARTICLE, VERBS, make_translation_data,
                                          verb_position)
 from course_lib.decoding import beam_search, capture_attention, greedy_decode, length_penalty, teacher_forcing_loss
-from course_lib.grading.fixtures.transformer import ScriptedModel
+from course_lib.grading.answer.fixtures.transformer import ScriptedModel
 from course_lib.optim import label_smoothed_cross_entropy, noam_lambda, noam_lr
 from course_lib.transformer import (Decoder, DecoderLayer, Encoder, EncoderLayer, LayerNorm, PositionwiseFeedForward,
                                     Transformer, copy_decoder_layer_from_torch, copy_encoder_layer_from_torch,

@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from course_lib.grading.wire import Build, GeneratorState, WireLimits, Opaque, WireError, decode, encode, to_plain
+from course_lib.grading.answer.wire import Build, GeneratorState, WireLimits, Opaque, WireError, decode, encode, to_plain
 
 
 def test_values_round_trip_exactly():
@@ -21,7 +21,7 @@ def test_values_round_trip_exactly():
         "bool_t": torch.tensor([True, False]), "half": torch.ones(2, dtype=torch.float16),
         "bf16": torch.ones(2, dtype=torch.bfloat16), "empty": torch.zeros(0, 3), "scalar": torch.tensor(1.5),
         "device": torch.device("cpu"), "dtype": torch.float64, "gen": g,
-        "build": Build("course_lib.grading.fixtures.gpt:ContextSumModel", (11, 4), {}, None, "cpu", None, False),
+        "build": Build("course_lib.grading.answer.fixtures.gpt:ContextSumModel", (11, 4), {}, None, "cpu", None, False),
     }
     out = to_plain(value)
     assert out["none"] is None and out["bool"] is True and out["int"] == -7 and out["big"] == 2**80

@@ -35,7 +35,7 @@ def _parts(item: str, data: dict | None, score: float, max_score: float) -> list
     """An item's tests: ``(which, score, max_score, output)`` for its visible checks and for
     its hidden ones (either left out when it has none)."""
     from course_lib.grading import get_spec
-    from course_lib.grading.results import ItemResult, format_report
+    from course_lib.grading.judge.results import ItemResult, format_report
 
     from ...pipeline.judge import not_checked
     if data is None:  # nothing ran (a rejected or unreadable submission): the spec's points

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from ... import bahdanau as ref
-from ..calls import Invoke, Probe
-from ..properties import (compare_cases, dtype_name, gradients_reach, masked_keys_ignored, masked_weights_zero,
+from ..answer.calls import Invoke, Probe
+from ..judge.properties import (compare_cases, dtype_name, gradients_reach, masked_keys_ignored, masked_weights_zero,
                           module_case, parameter_shapes, randn, variant, weights_sum_to_one)
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

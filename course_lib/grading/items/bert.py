@@ -6,7 +6,7 @@ a fixed seed, the measured rates must lie within tolerances that a correct
 implementation meets with overwhelming probability (every tolerance is more than
 eight standard deviations wide), whatever random numbers it draws.
 
-Every random input is drawn from a salted seed (:func:`~course_lib.grading.properties.seed`):
+Every random input is drawn from a salted seed (:func:`~course_lib.grading.judge.properties.seed`):
 in a notebook (salt 0) the inputs are those students see; when a submission is graded
 they cannot be known in advance. Student-side code (``invoke``, the probes, the
 catalogued wrong variants) uses torch only, never a reference of this notebook.
@@ -24,11 +24,11 @@ from torch import nn
 
 from ... import bert as ref
 from ... import bpe as ref_bpe
-from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, ignored_get_no_gradient, layout,
+from ..judge.properties import (call_and_inspect, compare_cases, dtype_name, generator, ignored_get_no_gradient, layout,
                           module_case, parameter_shapes, randn, reproducible, type_name, variant)
-from ..properties import seed as salted_seed
-from ..calls import Invoke
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.properties import seed as salted_seed
+from ..answer.calls import Invoke
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

@@ -19,17 +19,17 @@ import torch.nn.functional as F
 
 from ... import attention as ref_attention
 from ... import efficient_attention as ref
-from ..calls import Invoke, Probe
-from ..compare import describe_difference
-from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, gradients_reach, randn,
+from ..answer.calls import Invoke, Probe
+from ..judge.compare import describe_difference
+from ..judge.properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, gradients_reach, randn,
                           reference_state)
-from ..properties import seed as salted_seed
-from ..fixtures.efficient import CountingGPT, EluFeatures, GraderCache, PositiveFeatures, StrictCacheGPT  # noqa: F401
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
-from ..wire import Build, GeneratorState
+from ..judge.properties import seed as salted_seed
+from ..answer.fixtures.efficient import CountingGPT, EluFeatures, GraderCache, PositiveFeatures, StrictCacheGPT  # noqa: F401
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..answer.wire import Build, GeneratorState
 
 f32, f64 = torch.float32, torch.float64
-_HERE = "course_lib.grading.fixtures.efficient"
+_HERE = "course_lib.grading.answer.fixtures.efficient"
 
 # What a check measures inside the student's process (the largest tensor made, the positions a
 # model ran on) is reported to the student as advice but earns no points: that process can
@@ -542,7 +542,7 @@ def _cache_differ(expected, got):
 def _cache_spec() -> ItemSpec:
     return ItemSpec(
         name="KVCache", reference=ref.KVCache, mistakes=CACHE_MISTAKES,
-        forbidden={GraderCache: "it uses the grader's own cache (course_lib.grading.fixtures); write the cache "
+        forbidden={GraderCache: "it uses the grader's own cache (course_lib.grading.answer.fixtures); write the cache "
                                 "yourself"},
         subchecks=(
             SubCheck("a prompt of 3 positions then two single steps: append returns everything so far, len counts "

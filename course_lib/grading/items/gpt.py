@@ -20,18 +20,18 @@ from torch import Tensor, nn
 from ... import gpt as ref_gpt
 from ... import icl as ref_icl
 from ... import sampling as ref_sampling
-from ..calls import Invoke, earlier, realise
-from ..watch import unwatched
-from ..compare import fmt_num
-from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
+from ..answer.calls import Invoke, earlier, realise
+from ..answer.watch import unwatched
+from ..judge.compare import fmt_num
+from ..judge.properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
                           module_gradients, randn, reference_state, reproducible, type_name, variant)
-from ..properties import seed as salted_seed
-from ..fixtures.gpt import CentroidModel, ContextSumModel, GaussianSampler, TinyLM  # noqa: F401
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
-from ..wire import Build
+from ..judge.properties import seed as salted_seed
+from ..answer.fixtures.gpt import CentroidModel, ContextSumModel, GaussianSampler, TinyLM  # noqa: F401
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..answer.wire import Build
 
 f32, f64 = torch.float32, torch.float64
-_HERE = "course_lib.grading.fixtures.gpt"  # Build targets, built on the student's side
+_HERE = "course_lib.grading.answer.fixtures.gpt"  # Build targets, built on the student's side
 
 
 # ---------------------------------------------------------------------------

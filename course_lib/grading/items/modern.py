@@ -6,7 +6,7 @@ weights moved away from ones so that a forgotten weight shows). The catalogued w
 written here, standalone: they never call or subclass their own item's reference (a variant of
 GroupedQueryAttention rotates with course_lib's ``apply_rope``, an earlier item's reference).
 ``apply_rope`` is judged on its own: while it runs, the name ``rope_angles`` means the grader's own
-(:func:`course_lib.grading.fixtures.modern.grader_angles`; the reference is not available in the sandbox).
+(:func:`course_lib.grading.answer.fixtures.modern.grader_angles`; the reference is not available in the sandbox).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from torch import Tensor, nn
 
 from ... import modern as ref
 from ... import positional as ref_positional
-from ..calls import Invoke, earlier
-from ..compare import describe_difference, fmt_num, precision_hint
-from ..fixtures.modern import grader_angles
-from ..properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
+from ..answer.calls import Invoke, earlier
+from ..judge.compare import describe_difference, fmt_num, precision_hint
+from ..answer.fixtures.modern import grader_angles
+from ..judge.properties import (call_and_inspect, compare_cases, dtype_name, fresh, generator, layout, module_case,
                           module_gradients, parameter_shapes, raises_value_error, randn, type_name, variant)
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
-from ..trial import LIKELY_CAUSE
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.trial import LIKELY_CAUSE
 
 f32, f64 = torch.float32, torch.float64
 
@@ -262,7 +262,7 @@ def _angles_spec() -> ItemSpec:
 
     return ItemSpec(
         name="rope_angles", reference=ref_positional.rope_angles, mistakes=ANGLE_MISTAKES,
-        forbidden={grader_angles: "it uses the grader's own angles (course_lib.grading.fixtures); compute them "
+        forbidden={grader_angles: "it uses the grader's own angles (course_lib.grading.answer.fixtures); compute them "
                                   "yourself"},
         subchecks=(
             # (the hand example is public: with it, positions drawn for this grading)
@@ -382,7 +382,7 @@ def _rope_spec() -> ItemSpec:
 
     return ItemSpec(
         name="apply_rope", reference=ref_positional.apply_rope, mistakes=ROPE_MISTAKES,
-        invoke=Invoke(names=(("rope_angles", "course_lib.grading.fixtures.modern:grader_angles"),)),
+        invoke=Invoke(names=(("rope_angles", "course_lib.grading.answer.fixtures.modern:grader_angles"),)),
         subchecks=(
             SubCheck("the hand example and x (2, 3, 5, 8), positions None", 1,
                      compare_cases(_hand_rope_case(), _rope_case(1300, (2, 3, 5, 8)))),

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import multihead as ref
-from ..compare import describe_difference
-from ..properties import (compare_cases, dtype_name, fresh, masked_keys_ignored, masked_weights_zero, module_case,
+from ..judge.compare import describe_difference
+from ..judge.properties import (compare_cases, dtype_name, fresh, masked_keys_ignored, masked_weights_zero, module_case,
                           module_gradients, parameter_shapes, randn, variant, weights_sum_to_one)
-from ..calls import Invoke
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..answer.calls import Invoke
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from ... import positional as ref
-from ..compare import describe_difference, fmt_num
-from ..calls import Invoke
-from ..watch import unwatched
-from ..properties import (compare_cases, dtype_name, fresh, masked_weights_zero, module_case, module_gradients,
+from ..judge.compare import describe_difference, fmt_num
+from ..answer.calls import Invoke
+from ..answer.watch import unwatched
+from ..judge.properties import (compare_cases, dtype_name, fresh, masked_weights_zero, module_case, module_gradients,
                           parameter_shapes, randn, variant)
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from ... import rnn as ref
-from ..properties import compare_cases, dtype_name, gradients_reach, randn
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.properties import compare_cases, dtype_name, gradients_reach, randn
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

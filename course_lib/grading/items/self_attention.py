@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import attention as ref
-from ..calls import Invoke, earlier
-from ..properties import (compare_cases, sample_inputs, dtype_name, generator, gradients_reach, mask_words, masked_keys_ignored,
+from ..answer.calls import Invoke, earlier
+from ..judge.properties import (compare_cases, sample_inputs, dtype_name, generator, gradients_reach, mask_words, masked_keys_ignored,
                           masked_weights_zero, module_case, module_gradients, parameter_shapes, randn, seed, variant,
                           weights_sum_to_one)
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

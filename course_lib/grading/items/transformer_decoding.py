@@ -13,13 +13,13 @@ import torch
 from ... import decoding as ref
 from ... import transformer as ref_transformer
 from ... import bleu as bleu_ref
-from ..compare import fmt_num
-from ..properties import compare_cases, generator, padding, reference_state
-from ..properties import seed as salted_seed
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
-from ..wire import Build
+from ..judge.compare import fmt_num
+from ..judge.properties import compare_cases, generator, padding, reference_state
+from ..judge.properties import seed as salted_seed
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..answer.wire import Build
 
-_FIXTURES = "course_lib.grading.fixtures.transformer"  # Build targets (student side)
+_FIXTURES = "course_lib.grading.answer.fixtures.transformer"  # Build targets (student side)
 
 # ---------------------------------------------------------------------------
 # greedy_decode

@@ -17,11 +17,11 @@ from torch import nn
 
 from ... import transformer as ref
 from ...multihead import MultiHeadAttention
-from ..calls import Invoke, earlier
-from ..compare import describe_difference
-from ..properties import (compare_cases, dtype_name, generator, layout, module_case, module_inputs, no_future_leak,
+from ..answer.calls import Invoke, earlier
+from ..judge.compare import describe_difference
+from ..judge.properties import (compare_cases, dtype_name, generator, layout, module_case, module_inputs, no_future_leak,
                           padding, padding_no_leak, parameter_shapes, randn, variant)
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

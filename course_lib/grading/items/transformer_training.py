@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ... import optim as ref
-from ..properties import compare_cases, dtype_name, fresh, generator, ignored_get_no_gradient, randn
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.properties import compare_cases, dtype_name, fresh, generator, ignored_get_no_gradient, randn
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

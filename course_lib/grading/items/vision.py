@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from ... import vision as ref
-from ..calls import Invoke, earlier
-from ..compare import describe_difference, fmt_num
-from ..properties import (call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, layout,
+from ..answer.calls import Invoke, earlier
+from ..judge.compare import describe_difference, fmt_num
+from ..judge.properties import (call_and_inspect, compare_cases, dtype_name, generator, gradients_reach, layout,
                           module_case, module_gradients, parameter_shapes, raises_value_error, randn, variant,
                           weights_sum_to_one)
-from ..spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
 
 f32, f64 = torch.float32, torch.float64
 

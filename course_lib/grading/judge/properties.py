@@ -12,12 +12,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from .calls import INVOKE, Probe
+from ..answer.calls import INVOKE, Probe
 from .compare import describe_difference, fmt_num
 from .runner import current_salt
 from .spec import Case, CheckFailed
 from .trial import LIKELY_CAUSE
-from .wire import Opaque
+from ..answer.wire import Opaque
 
 __all__ = [
     "seed", "fresh", "generator", "randn", "dtype_name", "type_name", "mask_words",
@@ -70,7 +70,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def type_name(value: Any) -> str:
-    """The type of an answer for a message (an :class:`~course_lib.grading.wire.Opaque` answer
+    """The type of an answer for a message (an :class:`~course_lib.grading.answer.wire.Opaque` answer
     keeps only its name)."""
     return value.type_name if isinstance(value, Opaque) else type(value).__name__
 

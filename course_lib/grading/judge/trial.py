@@ -12,8 +12,8 @@ come from is the trial's *answer source*:
 - :class:`ReplayAnswers` hands out answers computed elsewhere (the student's
   sandboxed process) in the planned order.
 
-Every answer crosses :mod:`course_lib.grading.wire`, also in-process, so the three paths see
-the same plain data. Running a spec's sub-checks on a trial: :mod:`course_lib.grading.runner`.
+Every answer crosses :mod:`course_lib.grading.answer.wire`, also in-process, so the three paths see
+the same plain data. Running a spec's sub-checks on a trial: :mod:`course_lib.grading.judge.runner`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any, Sequence
 
 import torch
 
-from .calls import INVOKE, Call, Probe
-from .perform import perform
+from ..answer.calls import INVOKE, Call, Probe
+from ..answer.perform import perform
 from .spec import CheckFailed, ItemSpec
-from .watch import ReferenceUsed
-from .wire import decode, encode, to_plain
+from ..answer.watch import ReferenceUsed
+from ..answer.wire import decode, encode, to_plain
 
 __all__ = ["Trial", "LocalAnswers", "RecordingAnswers", "ReplayAnswers", "ItemPlan", "LIKELY_CAUSE",
            "mistake_named"]
@@ -196,7 +196,7 @@ class Trial:
         """The hint of the first catalogued mistake that reproduces ``got`` on ``case``.
 
         ``differ(a, b)`` returns None when two outputs match (default:
-        :func:`~course_lib.grading.compare.describe_difference`, NaN equal to NaN when
+        :func:`~course_lib.grading.judge.compare.describe_difference`, NaN equal to NaN when
         matching the student's output)."""
         if not self.name_mistakes:
             return None
@@ -232,7 +232,7 @@ class Trial:
     def compare(self, cases: Sequence[Any], probe: Probe = INVOKE, differ: Any = None) -> None:
         """Compare the student's answer to ``probe`` with the reference's on each case;
         ``differ(expected, got)`` says how they differ, None when they match (default:
-        :func:`~course_lib.grading.compare.describe_difference`)."""
+        :func:`~course_lib.grading.judge.compare.describe_difference`)."""
         from .compare import describe_difference
         for case in cases:
             expected = self.reference(case.make(self.device), probe)

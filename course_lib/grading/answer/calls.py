@@ -2,8 +2,8 @@
 
 A check spec's sub-checks never call the student's implementation directly: they ask for an
 answer to a :class:`Call` (the item, a :class:`Probe` and its inputs), which
-:func:`course_lib.grading.perform.perform` runs on the implementation, returning plain data
-only (see :mod:`course_lib.grading.wire`). In a notebook this happens in the same process;
+:func:`course_lib.grading.answer.perform.perform` runs on the implementation, returning plain data
+only (see :mod:`course_lib.grading.answer.wire`). In a notebook this happens in the same process;
 when a submission is graded, in the student's sandboxed process, and the grader judges the
 answers in its own.
 
@@ -11,7 +11,7 @@ An item's :class:`Invoke` says how an implementation runs on a call's inputs (a 
 called with them; a module built with the grader's weights, then called), and its
 :class:`Subject` what the student's side needs to know of the item; :func:`realise` builds
 what the inputs describe (the grading fixtures, generators). The probes a call can ask for
-are in :mod:`course_lib.grading.probes`.
+are in :mod:`course_lib.grading.answer.probes`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["Call", "Probe", "INVOKE", "Invoke", "Subject", "CheckFailed", "reali
            "qualified", "target_name", "resolve", "bound_names", "earlier", "BUILD_PREFIXES"]
 
 # What a Build may construct: the grading fixtures (small models and samplers), nothing else.
-BUILD_PREFIXES = ("course_lib.grading.fixtures.",)
+BUILD_PREFIXES = ("course_lib.grading.answer.fixtures.",)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 ``check``), or split in two for grading a submission: :func:`plan_item` (the calls to make,
 found by letting the reference answer) and :func:`judge_item` (the result, from answers
 computed elsewhere, in the grader's process). Every sub-check runs on a
-:class:`~course_lib.grading.trial.Trial`; the result is a
-:class:`~course_lib.grading.results.ItemResult`. ``grade`` and ``judge_item`` never print and
+:class:`~course_lib.grading.judge.trial.Trial`; the result is a
+:class:`~course_lib.grading.judge.results.ItemResult`. ``grade`` and ``judge_item`` never print and
 never raise for anything the student's code does. Hidden inputs come from the check's salt
 (:func:`salted`).
 """
@@ -17,14 +17,14 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..device import full_precision, get_device, torch_threads
-from .calls import qualified
-from .perform import student_frame
+from ...device import full_precision, get_device, torch_threads
+from ..answer.calls import qualified
+from ..answer.perform import student_frame
 from .results import ItemResult, Score, SubResult, format_report
-from .silence import quiet
+from ..answer.silence import quiet
 from .spec import CheckFailed, ItemSpec, SubCheck
 from .trial import ItemPlan, LocalAnswers, RecordingAnswers, ReplayAnswers, Trial, mistake_named
-from .watch import ReferenceUsed, is_reference
+from ..answer.watch import ReferenceUsed, is_reference
 
 __all__ = ["grade", "check", "working_or_reference", "plan_item", "judge_item", "salted", "current_salt"]
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .calls import CheckFailed, Invoke  # (CheckFailed is defined where the student's side raises it too)
+from ..answer.calls import CheckFailed, Invoke  # (CheckFailed is defined where the student's side raises it too)
 
 __all__ = ["CheckFailed", "Case", "Mistake", "SubCheck", "ItemSpec", "call_function"]
 
@@ -26,7 +26,7 @@ class Case:
     ``make(device)`` builds fresh inputs (keyword arguments for the item's
     ``invoke``) so that an implementation that modifies its inputs in place cannot
     affect the next run. Inputs are plain data (tensors, numbers, strings, lists,
-    tuples, dicts) and :class:`~course_lib.grading.wire.Build` descriptions of the
+    tuples, dicts) and :class:`~course_lib.grading.answer.wire.Build` descriptions of the
     objects the student's side constructs (models, samplers); ``make`` runs in the
     grader and may use the reference (e.g. for the weights a module item loads).
     """
@@ -78,11 +78,11 @@ class ItemSpec:
     - ``subchecks``: the scored parts, in the order they are shown.
     - ``mistakes``: the catalogue of known wrong variants.
     - ``invoke``: how any implementation (reference, student's or a mistake) runs on a
-      case's inputs: a :class:`~course_lib.grading.calls.Invoke` (plain data: call a
+      case's inputs: a :class:`~course_lib.grading.answer.calls.Invoke` (plain data: call a
       function with keyword arguments, or build a module with the grader's weights and
       call its forward). It is carried out on the student's side, which knows nothing
       else of the spec. Sub-checks may also ask for the built-in probes ``gradients``,
-      ``layout`` and ``after`` (see :mod:`course_lib.grading.probes`).
+      ``layout`` and ``after`` (see :mod:`course_lib.grading.answer.probes`).
     - ``output_names``: names of the parts of a tuple output, for messages.
     - ``forbidden``: extra callables whose use earns nothing, each with the reason.
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from ..device import full_precision
+from ...device import full_precision
 from .calls import Call, CheckFailed, Subject, bound_names, qualified, realise
 from .probes import PROBES
 from .silence import quiet
