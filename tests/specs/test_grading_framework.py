@@ -67,6 +67,10 @@ def test_mistake_loses_points_and_is_named(item, mistake):
     assert result.earned < spec.points, f"{mistake.name} earned full points"
     messages = "\n".join(r.message for r in result.results)
     assert mistake.hint in messages, f"hint for '{mistake.name}' not shown; messages were:\n{messages}"
+    named = {r.mistake for r in result.results}
+    if f"Likely cause: {mistake.hint}" in messages:  # (some checks say it in their own words)
+        assert any(m.name in named for m in spec.mistakes if m.hint == mistake.hint), \
+            f"'{mistake.name}' is given as the likely cause but not carried as it: {sorted(named)}"
 
 
 def _wrap(reference):
@@ -276,7 +280,8 @@ def test_judged_answers_give_the_local_grade(namespaces, item):
     for k, impl in enumerate(impls):
         local = grade(spec, impl, hidden=True, salt=salt)
         judged = judge_item(spec, plan, _answers(spec, impl, plan, poisoned=notebook_refs if k else ()), salt=salt)
-        assert [(r.earned, r.message) for r in judged.results] == [(r.earned, r.message) for r in local.results]
+        assert [(r.earned, r.message, r.mistake) for r in judged.results] == \
+            [(r.earned, r.message, r.mistake) for r in local.results]
         if k == 0:
             assert local.earned == spec.points, [r.message for r in local.results if not r.passed]
         else:
@@ -631,3 +636,33 @@ def test_a_forbidden_call_is_explained_once():
 
     report = format_report(grade(get_spec("scaled_dot_product_attention"), attention))
     assert report.count("yourself") == 1, report
+
+
+def test_a_cause_written_into_an_answer_by_the_student_names_no_mistake():
+    """The class report counts the causes the judge named: a sealed run that answers every call
+    with a failure whose text quotes a catalogued hint ("Likely cause: ...") shows that text but
+    names no mistake (the cause travels on the failure, never read back from a message)."""
+    from course_lib.grading.judge.runner import judge_item, plan_item
+
+    spec = get_spec("scaled_dot_product_attention")
+    plan = plan_item(spec, hidden=True)
+    quoted = {"ok": False, "kind": "check", "text": f"wrong.\nLikely cause: {spec.mistakes[0].hint}"}
+    judged = judge_item(spec, plan, [[quoted] * len(segment) for segment in plan.segments])
+    assert judged.earned == 0 and any(spec.mistakes[0].hint in r.message for r in judged.results)
+    assert [r.mistake for r in judged.results] == [""] * len(judged.results)
+
+
+def test_a_failure_names_its_cause_as_the_catalogue_does():
+    """A check's own hint that is a catalogued mistake's is carried as that mistake (the longest
+    hint it quotes); any other hint as its first clause; none as no cause."""
+    from course_lib.grading.judge.spec import Mistake
+    from course_lib.grading.judge.trial import LocalAnswers, Trial
+
+    spec = get_spec("scaled_dot_product_attention")
+    trial = Trial(spec, LocalAnswers(spec, None), torch.device("cpu"))
+    first = spec.mistakes[0]
+    assert trial.failed("off.", first.hint).cause is first
+    other = trial.failed("off.", "Use the last axis: softmax over dim=-1. Then normalise.", sep=" ")
+    assert other.cause == Mistake("Use the last axis", None, "Use the last axis: softmax over dim=-1. Then normalise.")
+    assert str(other) == "off. Likely cause: Use the last axis: softmax over dim=-1. Then normalise."
+    assert trial.failed("off.").cause is None and str(trial.failed("off.", None)) == "off."

@@ -69,12 +69,16 @@ class CheckFailed(Exception):
     """Raised by a sub-check with the message to show the student.
 
     ``stop=True`` skips the item's remaining sub-checks (used when the student's
-    code is still the stub, so that the report says it once).
+    code is still the stub, so that the report says it once). ``cause`` is the likely
+    cause the judge named (a :class:`~course_lib.grading.judge.spec.Mistake`, set only on the
+    judge's side by :meth:`~course_lib.grading.judge.trial.Trial.failed`): the grades name it
+    from there, never by reading the message back.
     """
 
-    def __init__(self, message: str, stop: bool = False) -> None:
+    def __init__(self, message: str, stop: bool = False, cause: Any = None) -> None:
         super().__init__(message)
         self.stop = stop
+        self.cause = cause
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import traceback
 from typing import Any
 
 from ...device import full_precision
+from .answers import Answer, Kind, answered, failure
 from .calls import Call, CheckFailed, Subject, bound_names, qualified, realise
 from .probes import PROBES
 from .silence import quiet
@@ -28,21 +29,15 @@ def student_frame(tb: traceback.StackSummary) -> str:
     return ""
 
 
-def _error(kind: str, exc: BaseException | None = None, text: str = "") -> dict:
-    answer = {"ok": False, "kind": kind, "text": text[:2000]}
-    if exc is not None:
-        answer["exc"] = type(exc).__name__[:80]
-        answer["where"] = student_frame(traceback.extract_tb(exc.__traceback__))
-        answer["text"] = (text or str(exc)).strip()[:2000]
-    return answer
+def _raised(kind: Kind, exc: BaseException) -> Answer:
+    """The answer of a call that raised ``exc``: its class, the student's line, its message."""
+    return failure(kind, str(exc).strip(), type(exc).__name__, student_frame(traceback.extract_tb(exc.__traceback__)))
 
 
-def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
+def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> Answer:
     """Run ``call`` on ``impl`` (the student's, the reference or a mistake) and return the
-    answer as plain data: ``{"ok": True, "value": ..., "warnings": [...]}`` or
-    ``{"ok": False, "kind": ..., ...}`` where kind is ``stub``, ``error``, ``check``
-    (a message from course code, e.g. a wrong parameter shape), ``recursion``,
-    ``reference`` (the reference was used) or ``missing`` (no implementation).
+    answer as plain data (:class:`~course_lib.grading.answer.answers.Answer`): a value, or
+    why there is none (:class:`~course_lib.grading.answer.answers.Kind`).
 
     ``watch`` watches for calls of the reference and forbidden callables (off when
     the reference itself answers). The call runs in
@@ -50,10 +45,10 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
     float32 answer and the reference's are computed alike on a CPU and on a GPU."""
     spec = subject if isinstance(subject, Subject) else Subject.of(subject)
     if impl is None:
-        return _error("missing", text=f"`{spec.name}` is not defined")
+        return failure(Kind.MISSING, f"`{spec.name}` is not defined")
     run = PROBES.get(call.probe.name)
     if run is None:
-        return _error("check", text=f"the grader asked for an unknown probe {call.probe.name!r}")
+        return failure(Kind.CHECK, f"the grader asked for an unknown probe {call.probe.name!r}")
     options = call.probe.options
 
     names = getattr(spec.invoke, "names", ())
@@ -62,12 +57,11 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
         with bound_names(impl, names):  # an item judged on its own: the earlier items it uses are course_lib's
             return run(spec, impl, inputs, options)
     if watch and spec.reference is not None and is_reference(impl, spec.reference):
-        return {"ok": False, "kind": "reference",
-                "text": f"it is {qualified(spec.reference)}, the course's reference for this item"}
+        return failure(Kind.REFERENCE, f"it is {qualified(spec.reference)}, the course's reference for this item")
     try:
         inputs = realise(call.inputs)
     except Exception as exc:  # a grading input could not be built here
-        return _error("check", text=f"the grader's inputs could not be built: {type(exc).__name__}: {exc}")
+        return failure(Kind.CHECK, f"the grader's inputs could not be built: {type(exc).__name__}: {exc}")
     used: list[str] = []
     with quiet() as captured, full_precision():
         try:
@@ -77,19 +71,18 @@ def perform(subject: Any, impl: Any, call: Call, watch: bool = True) -> dict:
             else:
                 value = answer(impl, inputs)
         except CheckFailed as failed:
-            return {**_error("check", text=str(failed)), "stop": failed.stop}
+            return failure(Kind.CHECK, str(failed), stop=failed.stop)
         except NotImplementedError as exc:
-            return _error("stub", exc)
+            return _raised(Kind.STUB, exc)
         except RecursionError as exc:
-            return _error("recursion", exc)
+            return _raised(Kind.RECURSION, exc)
         except Exception as exc:  # the student's code may raise anything
             if used:  # it called the reference before failing: that is what the student hears
-                return {"ok": False, "kind": "reference", "text": used[0]}
+                return failure(Kind.REFERENCE, used[0])
             if getattr(exc, "refused_item", None) == spec.name:  # the grader refused the reference itself
-                return {"ok": False, "kind": "reference",
-                        "text": f"it calls {str(getattr(spec.reference, '__workbook_reference__', spec.name)).replace(':', '.')}, "
-                                "the course's reference for this item"}
-            return _error("error", exc)
+                named = str(getattr(spec.reference, "__workbook_reference__", spec.name)).replace(":", ".")
+                return failure(Kind.REFERENCE, f"it calls {named}, the course's reference for this item")
+            return _raised(Kind.ERROR, exc)
     if used:
-        return {"ok": False, "kind": "reference", "text": used[0]}
-    return {"ok": True, "value": value, "warnings": captured.warnings[:3]}
+        return failure(Kind.REFERENCE, used[0])
+    return answered(value, captured.warnings)

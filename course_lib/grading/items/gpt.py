@@ -322,10 +322,7 @@ def _sample_distribution(*cases: _SampleCase):
                     continue
                 message = (f"On {case.label}: token {tok} of row {r} should be drawn with probability "
                            f"{probs[r, tok]:.3f}, but came up in {freq[r, tok]:.3f} of {case.n} draws.")
-            hint = trial.likely_mistake(case, got, probs, differ=_frequency_differ(case))
-            if hint:
-                message += f"\nLikely cause: {hint}"
-            raise CheckFailed(message)
+            raise trial.failed(message, trial.likely_mistake(case, got, probs, differ=_frequency_differ(case)))
 
     return run
 
@@ -347,7 +344,7 @@ def _random_greedy_case(value: int, dtype: torch.dtype = f32) -> Case:
 
 def _sample_generator(trial) -> None:
     case = _SampleCase([LOGITS_A, LOGITS_B], 1.0, None, 5, n=50)
-    reproducible(lambda: trial.student(case.make(trial.device), case.label), case.label, "tokens",
+    reproducible(trial, lambda: trial.student(case.make(trial.device), case.label), case.label, "tokens",
                  "`generator` is not used. Pass it on: torch.multinomial(probs, 1, generator=generator).")
 
 
@@ -395,6 +392,20 @@ SAMPLE_MISTAKES = (
 )
 
 
+def _mixed_rows_and_greedy_ties(trial) -> None:
+    """Draw frequencies for batches of different rows (T = 2, 0.7, 1.5; top_k 2 and 4; float64), then greedy ties."""
+    _sample_distribution(_SampleCase([LOGITS_A, LOGITS_B], 2.0, None, 4, f64),
+                         _SampleCase([LOGITS_B, LOGITS_A], 0.7, 2, 6),
+                         _SampleCase([LOGITS_A, LOGITS_B], 1.5, 4, 7, f64))(trial)
+    trial.compare([_greedy_case([LOGITS_B, LOGITS_A], f64)])
+
+
+def _large_top_k_and_generator(trial) -> None:
+    """top_k = V and V + 3 keep every token; a seeded generator makes the draws reproducible."""
+    _sample_distribution(_SampleCase([LOGITS_B], 1.0, 6, 8), _SampleCase([LOGITS_A], 1.0, 9, 9))(trial)
+    _sample_generator(trial)
+
+
 def _sample_spec() -> ItemSpec:
     return ItemSpec(
         name="sample_next_token", reference=ref_sampling.sample_next_token, mistakes=SAMPLE_MISTAKES,
@@ -407,14 +418,9 @@ def _sample_spec() -> ItemSpec:
             SubCheck("top_k = 3 draws only the 3 most likely tokens, in the right proportions", 1,
                      _sample_distribution(_SampleCase([LOGITS_A], 1.0, 3, 3))),
             SubCheck("several different rows in one batch, T = 2, top_k = 2 and 4, float64, greedy ties", 1,
-                     lambda t: (_sample_distribution(_SampleCase([LOGITS_A, LOGITS_B], 2.0, None, 4, f64),
-                                                     _SampleCase([LOGITS_B, LOGITS_A], 0.7, 2, 6),
-                                                     _SampleCase([LOGITS_A, LOGITS_B], 1.5, 4, 7, f64))(t),
-                                t.compare([_greedy_case([LOGITS_B, LOGITS_A], f64)])), hidden=True),
+                     _mixed_rows_and_greedy_ties, hidden=True),
             SubCheck("top_k ≥ V (V and V + 3) keeps every token; the generator makes draws reproducible", 1,
-                     lambda t: (_sample_distribution(_SampleCase([LOGITS_B], 1.0, 6, 8),
-                                                     _SampleCase([LOGITS_A], 1.0, 9, 9))(t), _sample_generator(t)),
-                     hidden=True),
+                     _large_top_k_and_generator, hidden=True),
         ),
     )
 

@@ -336,6 +336,11 @@ def _relattn_spec() -> ItemSpec:
     causal = _relattn_case(450, 2, 5, 6, 2, f32, True)
     grad_case = _relattn_case(460, 2, 5, 6, 2, f64, True)
 
+    def _masked_weights_and_gradients(t) -> None:
+        """Causally masked weights are exactly 0, and gradients reach x and every parameter."""
+        masked_weights_zero(t, causal)
+        module_gradients(t, grad_case)
+
     return ItemSpec(
         name="RelativeSelfAttention", reference=ref.RelativeSelfAttention,
         invoke=Invoke(module=True, forward=("x", "mask")), output_names=("out", "weights"), mistakes=RELATTN_MISTAKES,
@@ -345,7 +350,7 @@ def _relattn_spec() -> ItemSpec:
             SubCheck("matches with a causal mask, float64, δ = 1 and δ longer than the sequence", 1,
                      compare_cases(*hidden), hidden=True),
             SubCheck("masked weights are exactly 0; gradients reach x and every parameter", 1,
-                     lambda t: (masked_weights_zero(t, causal), module_gradients(t, grad_case)), hidden=True),
+                     _masked_weights_and_gradients, hidden=True),
         ),
     )
 

@@ -134,6 +134,14 @@ def _sdpa_spec() -> ItemSpec:
     )
     pad = _sdpa_case(70, (3,), 5, 7, 4, 3, f64, "padding")
     causal = _sdpa_case(80, (2,), 6, 6, 5, 5, f32, "causal")
+
+    def _weights_and_masks(t) -> None:
+        """Weights sum to 1, masked weights are 0 (padding and causal), masked keys do not leak."""
+        weights_sum_to_one(t, pad)
+        masked_weights_zero(t, pad)
+        masked_weights_zero(t, causal)
+        masked_keys_ignored(t, pad)
+
     return ItemSpec(
         name="scaled_dot_product_attention", reference=ref.scaled_dot_product_attention,
         output_names=("out", "weights"), mistakes=SDPA_MISTAKES,
@@ -147,8 +155,7 @@ def _sdpa_spec() -> ItemSpec:
             SubCheck("matches on other shapes, dtypes and masks (extra batch dims, T_q ≠ T_k, d_k ≠ d_v, float64)",
                      1, compare_cases(*hidden_cases), hidden=True),
             SubCheck("weights sum to 1 over the keys; masked weights are exactly 0; masked keys do not leak",
-                     1, lambda t: (weights_sum_to_one(t, pad), masked_weights_zero(t, pad),
-                                   masked_weights_zero(t, causal), masked_keys_ignored(t, pad)), hidden=True),
+                     1, _weights_and_masks, hidden=True),
             SubCheck("gradients reach q, k and v", 1,
                      lambda t: gradients_reach(t, causal, ("q", "k", "v")), hidden=True),
         ),
@@ -199,6 +206,12 @@ def _causal_device(trial) -> None:
         raise CheckFailed("causal_mask(3) without a device should return a CPU tensor.")
 
 
+def _causal_outputs_and_device(trial) -> None:
+    """causal_mask matches the reference for T = 7, 2, 33, 1 and honours the device argument."""
+    trial.compare([_causal_case(n) for n in (7, 2, 33, 1)])
+    _causal_device(trial)
+
+
 def _causal_spec() -> ItemSpec:
     return ItemSpec(
         name="causal_mask", reference=ref.causal_mask, mistakes=CAUSAL_MISTAKES,
@@ -207,8 +220,7 @@ def _causal_spec() -> ItemSpec:
             SubCheck("causal_mask(4) and a fresh length match the reference", 1,
                      lambda t: t.compare([_causal_case(4), _causal_case(5 + seed(41) % 8)])),
             SubCheck("other lengths (1, 2, 7, 33) and the device argument", 1,
-                     lambda t: (t.compare([_causal_case(n) for n in (7, 2, 33, 1)]), _causal_device(t)),
-                     hidden=True),
+                     _causal_outputs_and_device, hidden=True),
         ),
     )
 

@@ -21,6 +21,7 @@ from ..judge.properties import (call_and_inspect, compare_cases, dtype_name, gen
                           module_case, module_gradients, parameter_shapes, raises_value_error, randn, variant,
                           weights_sum_to_one)
 from ..judge.spec import Case, CheckFailed, ItemSpec, Mistake, SubCheck
+from ..judge.trial import raised
 
 f32, f64 = torch.float32, torch.float64
 
@@ -190,6 +191,13 @@ def _unpatchify_spec() -> ItemSpec:
     bad = Case("patches (1, 6, 48) with image_size = (8, 8) and patch_size = 4 (a grid of 4 patches, not 6)",
                lambda device: {"patches": randn((1, 6, 48), 190, f32, device), "patch_size": 4,
                                "image_size": (8, 8)})
+
+    def _roundtrip_shapes_and_bad_grid(t) -> None:
+        """unpatchify undoes patchify, matches on other shapes, and raises a ValueError for a wrong grid."""
+        _roundtrip(t)
+        t.compare([_patches_case(200, 1, 1, 9, 6, 3, f64), _patches_case(210, 2, 2, 8, 8, 2, square=True)])
+        raises_value_error(bad, "6 patches cannot fill a 2 × 2 grid")(t)
+
     return ItemSpec(
         name="unpatchify", reference=ref.unpatchify, mistakes=UNPATCHIFY_MISTAKES,
         subchecks=(
@@ -197,9 +205,7 @@ def _unpatchify_spec() -> ItemSpec:
                      compare_cases(_hand_patches_case(), _patches_case(150, 2, 3, 8, 12, 4))),
             SubCheck("undoes patchify; float64, one channel, square image_size as an int; a ValueError when the "
                      "patches do not make the image", 1,
-                     lambda t: (_roundtrip(t), t.compare([_patches_case(200, 1, 1, 9, 6, 3, f64),
-                                                         _patches_case(210, 2, 2, 8, 8, 2, square=True)]),
-                                raises_value_error(bad, "6 patches cannot fill a 2 × 2 grid")(t)), hidden=True),
+                     _roundtrip_shapes_and_bad_grid, hidden=True),
         ),
     )
 
@@ -285,10 +291,10 @@ def _embed_refuses(trial) -> None:
     try:
         layout(trial, (10, 4, 3, 8), label=label)
     except CheckFailed as failed:
-        if "raised ValueError" in str(failed):
+        if raised(failed, "ValueError"):
             return
         raise CheckFailed(f"{label}: expected a ValueError (10 pixels do not divide into patches of 4); "
-                          f"instead {failed}") from None
+                          f"instead {failed}", cause=failed.cause) from None
     raise CheckFailed(f"{label} was built without complaint: raise a ValueError when the image size is not a "
                       "multiple of patch_size.")
 
@@ -297,6 +303,12 @@ def _embed_spec() -> ItemSpec:
     visible = _embed_case(300, 2, 8, 4, 3, 6, f32)
     hidden = (_embed_case(310, 3, (12, 8), 4, 3, 10, f64), _embed_case(320, 1, 6, 3, 1, 4, f32),
               _embed_case(330, 2, 4, 4, 2, 8, f32))
+
+    def _gradients_and_bad_image_size(t) -> None:
+        """Gradients reach the images and every parameter; a ValueError for an image size patches do not divide."""
+        module_gradients(t, hidden[0], ("images",))
+        _embed_refuses(t)
+
     return ItemSpec(
         name="PatchEmbedding", reference=ref.PatchEmbedding,
         invoke=Invoke(module=True, forward=("images",), names=earlier(ref.patchify)),
@@ -309,7 +321,7 @@ def _embed_spec() -> ItemSpec:
                      hidden=True),
             SubCheck("gradients reach the images, proj, cls_token and pos_embed; a ValueError for an image size that "
                      "does not divide into patches", 1,
-                     lambda t: (module_gradients(t, hidden[0], ("images",)), _embed_refuses(t)), hidden=True),
+                     _gradients_and_bad_image_size, hidden=True),
         ),
     )
 
@@ -397,6 +409,12 @@ def _visual_spec() -> ItemSpec:
     visible = (_visual_case(400, 3, 9, 6, 4, 5, False, f32), _visual_case(410, 2, 16, 6, 4, 5, True, f32))
     hidden = (_visual_case(420, 2, 12, 10, 7, 8, True, f64), _visual_case(430, 1, 1, 3, 5, 2, False, f32),
               _visual_case(440, 4, 25, 8, 8, 6, False, f64))
+
+    def _alpha_sums_and_gradients(t) -> None:
+        """alpha sums to 1 over the regions; gradients reach the features, the hidden state and every parameter."""
+        weights_sum_to_one(t, hidden[0], index=1)
+        module_gradients(t, hidden[0], ("features", "hidden"))
+
     return ItemSpec(
         name="VisualAttention", reference=ref.VisualAttention,
         invoke=Invoke(module=True, forward=("features", "hidden")), output_names=("context", "alpha"),
@@ -407,8 +425,7 @@ def _visual_spec() -> ItemSpec:
             SubCheck("other sizes, float64, one region, a batch of one", 1, compare_cases(*hidden), hidden=True),
             SubCheck("alpha sums to 1 over the regions; gradients reach the features, the hidden state and every "
                      "parameter", 1,
-                     lambda t: (weights_sum_to_one(t, hidden[0], index=1),
-                                module_gradients(t, hidden[0], ("features", "hidden"))), hidden=True),
+                     _alpha_sums_and_gradients, hidden=True),
         ),
     )
 
@@ -495,6 +512,14 @@ def _scalar(trial) -> None:
         raise CheckFailed(f"On {case.label}: return a 0-dim tensor (one number for the batch), got {shape}.")
 
 
+def _penalty_edges_scalar_and_gradients(trial) -> None:
+    """Edge shapes and float64 match; the penalty is 0-dim, alphas stay untouched, gradients reach alphas."""
+    trial.compare([_penalty_case(530, 1, 1, 4, dtype=f64), _penalty_case(540, 2, 12, 5, (12, 7), f64)])
+    _scalar(trial)
+    _alphas_untouched(trial)
+    gradients_reach(trial, _penalty_case(550, 2, 3, 4, (3, 2), f64), ("alphas",), None)
+
+
 def _penalty_spec() -> ItemSpec:
     return ItemSpec(
         name="doubly_stochastic_penalty", reference=ref.doubly_stochastic_penalty, mistakes=PENALTY_MISTAKES,
@@ -506,11 +531,7 @@ def _penalty_spec() -> ItemSpec:
                      compare_cases(_penalty_case(510, 3, 6, 9, (6, 3, 1)))),
             SubCheck("float64, a batch of one, one step, more steps than regions; a 0-dim tensor; alphas left as "
                      "they were; gradients reach alphas", 1,
-                     lambda t: (t.compare([_penalty_case(530, 1, 1, 4, dtype=f64), _penalty_case(540, 2, 12, 5, (12, 7),
-                                                                                              f64)]),
-                                _scalar(t), _alphas_untouched(t),
-                                gradients_reach(t, _penalty_case(550, 2, 3, 4, (3, 2), f64), ("alphas",), None)),
-                     hidden=True),
+                     _penalty_edges_scalar_and_gradients, hidden=True),
         ),
     )
 
@@ -607,6 +628,12 @@ def _rows_sum_to_one(trial) -> None:
 
 def _rollout_spec() -> ItemSpec:
     bad = _rollout_case(650, 2, 1, 2, 3, "min")
+
+    def _rows_and_bad_fusion(t) -> None:
+        """The rollout's rows sum to 1; head_fusion='min' raises a ValueError."""
+        _rows_sum_to_one(t)
+        raises_value_error(bad, "head_fusion must be 'mean' or 'max'")(t)
+
     return ItemSpec(
         name="attention_rollout", reference=ref.attention_rollout, mistakes=ROLLOUT_MISTAKES,
         subchecks=(
@@ -619,8 +646,7 @@ def _rollout_spec() -> ItemSpec:
                                                                                               f64, as_tuple=True),
                                    _rollout_case(630, 4, 1, 3, 7, "max")), hidden=True),
             SubCheck("rows sum to 1; a ValueError for head_fusion='min'", 1,
-                     lambda t: (_rows_sum_to_one(t),
-                                raises_value_error(bad, "head_fusion must be 'mean' or 'max'")(t)), hidden=True),
+                     _rows_and_bad_fusion, hidden=True),
         ),
     )
 

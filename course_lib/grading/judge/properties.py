@@ -16,7 +16,8 @@ from ..answer.calls import INVOKE, Probe
 from .compare import describe_difference, fmt_num
 from .runner import current_salt
 from .spec import Case, CheckFailed
-from .trial import LIKELY_CAUSE
+from .spec import Mistake
+from .trial import raised
 from ..answer.wire import Opaque
 
 __all__ = [
@@ -98,8 +99,8 @@ def _weights(out: Any, index: int | None) -> Tensor:
     return w
 
 
-def _catalogued(trial: Any, case: Case, got: Any) -> str | None:
-    """The hint of a catalogued mistake whose whole output is the student's on ``case``."""
+def _catalogued(trial: Any, case: Case, got: Any) -> Mistake | None:
+    """A catalogued mistake whose whole output is the student's on ``case``."""
     return trial.likely_mistake(case, got, trial.reference(case.make(trial.device)))
 
 
@@ -131,19 +132,15 @@ def masked_weights_zero(trial: Any, case: Case, index: int = 1, mask_key: str = 
     blocked = ~mask.expand_as(w)
     if bool((w[blocked] != 0).any()):
         worst = w[blocked].abs().max().item()
-        hint = ""
-        allowed = w[~blocked]
+        message = f"On {case.label}: masked positions have weight up to {fmt_num(worst)}, expected exactly 0."
         named = _catalogued(trial, case, got)
         if named:
-            hint = f" {LIKELY_CAUSE}{named}"
-        elif bool((allowed == 0).all()):
-            hint = " All weight goes to the masked keys: is the mask inverted? True means 'may attend'."
-        else:
-            hint = (" Fill the masked scores with -inf (float('-inf')) before the softmax, "
-                    "so that exp gives exactly 0.")
-        raise CheckFailed(
-            f"On {case.label}: masked positions have weight up to {fmt_num(worst)}, expected exactly 0.{hint}"
-        )
+            raise trial.failed(message, named, sep=" ")
+        if bool((w[~blocked] == 0).all()):
+            raise CheckFailed(f"{message} All weight goes to the masked keys: is the mask inverted? "
+                              "True means 'may attend'.")
+        raise CheckFailed(f"{message} Fill the masked scores with -inf (float('-inf')) before the softmax, "
+                          "so that exp gives exactly 0.")
 
 
 def masked_keys_ignored(trial: Any, case: Case, perturb: Sequence[str] = ("k", "v"),
@@ -183,17 +180,17 @@ def raises_value_error(case: Case, what: str, probe: Probe = INVOKE) -> Callable
         try:
             got = trial.student(case.make(trial.device), case.label, probe)
         except CheckFailed as failed:
-            if "raised ValueError" in str(failed):
+            if raised(failed, "ValueError"):
                 return
-            raise CheckFailed(f"On {case.label}: expected a ValueError ({what}); instead {failed}") from None
+            raise CheckFailed(f"On {case.label}: expected a ValueError ({what}); instead {failed}",
+                              cause=failed.cause) from None
         shape = f" of shape {tuple(got.shape)}" if isinstance(got, Tensor) else ""
         message = (f"On {case.label}: expected a ValueError ({what}), but your code returned an answer{shape}: "
                    "check the sizes and `raise ValueError(...)` when they do not fit.")
         for mistake in trial.spec.mistakes if trial.name_mistakes else ():
             wrong = trial.mistake_output(mistake.impl, case.make(trial.device), probe)
             if wrong is not None and describe_difference(wrong, got, equal_nan=True) is None:
-                message += f"\n{LIKELY_CAUSE}{mistake.hint}"
-                break
+                raise trial.failed(message, mistake)
         raise CheckFailed(message)
 
     return run
@@ -440,11 +437,10 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def reproducible(answer: Callable[[], Any], label: str, what: str, hint: str) -> None:
+def reproducible(trial: Any, answer: Callable[[], Any], label: str, what: str, hint: str) -> None:
     """Property of a random item: ``answer()``, the student's answer to a call with a
     generator seeded alike each time, is the same twice (tensors exactly, inside tuples and
     lists too). Otherwise the item draws from the global random state, not ``generator``:
     ``hint`` says how to pass it on; ``what`` names the outputs ("tokens")."""
     if not _same(answer(), answer()):
-        raise CheckFailed(f"On {label}: two calls with generators seeded alike gave different {what}.\n"
-                          f"Likely cause: {hint}")
+        raise trial.failed(f"On {label}: two calls with generators seeded alike gave different {what}.", hint)

@@ -23,7 +23,7 @@ from ..answer.perform import student_frame
 from .results import ItemResult, Score, SubResult, format_report
 from ..answer.silence import quiet
 from .spec import CheckFailed, ItemSpec, SubCheck
-from .trial import ItemPlan, LocalAnswers, RecordingAnswers, ReplayAnswers, Trial, mistake_named
+from .trial import ItemPlan, LocalAnswers, RecordingAnswers, ReplayAnswers, Trial
 from ..answer.watch import ReferenceUsed, is_reference
 
 __all__ = ["grade", "check", "working_or_reference", "plan_item", "judge_item", "salted", "current_salt"]
@@ -73,7 +73,7 @@ def _run_subchecks(spec: ItemSpec, subchecks: Sequence[SubCheck], trial: Trial, 
         except CheckFailed as failed:
             stopped = failed.stop
             result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, str(failed),
-                                            mistake_named(spec, str(failed))))
+                                            failed.cause.name if failed.cause else ""))
         except ReferenceUsed as used:
             result.reference_used = str(used)
             result.results.append(SubResult(sub.title, sub.points, 0.0, sub.hidden, "not run"))

@@ -24,14 +24,15 @@ from typing import Any, Sequence
 
 import torch
 
+from ..answer.answers import Kind, failure
 from ..answer.calls import INVOKE, Call, Probe
 from ..answer.perform import perform
-from .spec import CheckFailed, ItemSpec
+from .spec import CheckFailed, ItemSpec, Mistake
 from ..answer.watch import ReferenceUsed
 from ..answer.wire import decode, encode, to_plain
 
 __all__ = ["Trial", "LocalAnswers", "RecordingAnswers", "ReplayAnswers", "ItemPlan", "LIKELY_CAUSE",
-           "mistake_named"]
+           "RaisedError", "raised"]
 
 LIKELY_CAUSE = "Likely cause: "
 
@@ -102,17 +103,18 @@ class ReplayAnswers:
         self.position += 1
         planned = self.plan.segments[s] if s < len(self.plan.segments) else []
         if i >= len(planned) or _call_bytes(call) != planned[i]:
-            return {"ok": False, "kind": "no_answer", "text": "the grader asked for an answer it had not planned"}
+            return failure(Kind.NO_ANSWER, "the grader asked for an answer it had not planned")
         got = self.answers[s][i] if s < len(self.answers) and i < len(self.answers[s]) else None
         if got is None:
-            return {"ok": False, "kind": "no_answer", "text": "no answer came back for this call"}
+            return failure(Kind.NO_ANSWER, "no answer came back for this call")
         return got
 
 
 class Trial:
     """What a sub-check uses: :meth:`student` (answers), :meth:`reference` and
-    :meth:`mistake_output` (computed here), :meth:`compare`, and :meth:`likely_mistake`.
-    All raise :class:`CheckFailed` with a student-facing message when something is wrong."""
+    :meth:`mistake_output` (computed here), :meth:`compare`, :meth:`likely_mistake` and
+    :meth:`failed`. All raise :class:`CheckFailed` with a student-facing message when something
+    is wrong, carrying its likely cause when one is named."""
 
     def __init__(self, spec: ItemSpec, source: Any, device: torch.device, name_mistakes: bool = True) -> None:
         self.spec = spec
@@ -128,11 +130,28 @@ class Trial:
         answer = self.source.answer(call)
         try:
             return self._unwrap(answer, label)
-        except RaisedError as raised:
-            hint = self._raising_hint(call, raised)
-            if hint:
-                raise CheckFailed(f"{raised}\n{LIKELY_CAUSE}{hint}") from None
+        except RaisedError as error:
+            mistake = self._raising_mistake(call, error)
+            if mistake:
+                raise RaisedError(f"{error}\n{LIKELY_CAUSE}{mistake.hint}", error.exc, error.text, mistake) from None
             raise
+
+    def failed(self, message: str, cause: "Mistake | str | None" = None, sep: str = "\n") -> CheckFailed:
+        """The failure for a sub-check to raise: ``message``, then after ``sep`` the likely cause
+        (a catalogued :class:`Mistake`, or the hint of a cause the check names itself, which is
+        the catalogue's mistake when one has that hint), carried on the failure as ``cause``."""
+        if not cause:
+            return CheckFailed(message)
+        mistake = cause if isinstance(cause, Mistake) else self._cause_of(cause)
+        return CheckFailed(f"{message}{sep}{LIKELY_CAUSE}{mistake.hint}", cause=mistake)
+
+    def _cause_of(self, hint: str) -> Mistake:
+        """The catalogued mistake whose hint ``hint`` gives (the longest such), else a cause named
+        by the hint's first clause."""
+        known = [m for m in self.spec.mistakes if m.hint and m.hint in hint]
+        if known:
+            return max(known, key=lambda m: len(m.hint))
+        return Mistake(re.split(r"[:.;]\s", hint.strip(), maxsplit=1)[0][:80], None, hint)
 
     def _unwrap(self, answer: Any, label: str) -> Any:
         name = self.spec.name
@@ -146,23 +165,23 @@ class Trial:
             return answer.get("value")
         kind = answer.get("kind")
         text = str(answer.get("text", ""))[:2000]
-        if kind == "stub":
+        if kind == Kind.STUB:
             raise CheckFailed(f"`{name}` raised NotImplementedError{on}: it still contains the stub "
                               "`raise NotImplementedError()`. Replace it with your code.", stop=True)
-        if kind == "recursion":
+        if kind == Kind.RECURSION:
             raise CheckFailed(f"`{name}` recursed without end{on}.")
-        if kind == "error":
+        if kind == Kind.ERROR:
             exc = str(answer.get("exc", "an exception"))[:80]
             where = str(answer.get("where", ""))[:300]
             raise RaisedError(f"`{name}` raised {exc}{on}{where}: {text[:300]}", exc, text)
-        if kind == "check":
+        if kind == Kind.CHECK:
             raise CheckFailed(text, stop=bool(answer.get("stop")))
-        if kind == "reference":
+        if kind == Kind.REFERENCE:
             raise ReferenceUsed(text)
-        if kind == "missing":
+        if kind == Kind.MISSING:
             raise CheckFailed(f"`{name}` is not defined when its test cell runs (its cell did not run, "
                               "or raised an error).", stop=True)
-        raise CheckFailed(f"`{name}`{on}: {text or 'no answer'}", stop=kind == "no_answer")
+        raise CheckFailed(f"`{name}`{on}: {text or 'no answer'}", stop=kind == Kind.NO_ANSWER)
 
     def reference(self, inputs: dict, probe: Probe = INVOKE) -> Any:
         """The reference's output on ``inputs``, as plain data."""
@@ -171,8 +190,8 @@ class Trial:
             raise RuntimeError(f"the reference of {self.spec.name} failed: {answer}")
         return to_plain(answer["value"])
 
-    def _raising_hint(self, call: Call, raised: "RaisedError") -> str | None:
-        """The hint of the first catalogued mistake that raises what the student's code raised
+    def _raising_mistake(self, call: Call, raised: "RaisedError") -> Mistake | None:
+        """The first catalogued mistake that raises what the student's code raised
         on ``call`` (the same exception, the same message: ``k.T`` on a batch, a mask's axis
         added twice, row sums without keepdim), None otherwise."""
         if not self.name_mistakes:
@@ -180,9 +199,9 @@ class Trial:
         for mistake in self.spec.mistakes:
             fresh = Call.from_data(decode(_call_bytes(call), kind="call"))  # the mistake gets its own copy
             answer = perform(self.spec, mistake.impl, fresh, watch=False)
-            if (not answer["ok"] and answer.get("kind") == "error" and answer.get("exc") == raised.exc
+            if (not answer["ok"] and answer.get("kind") == Kind.ERROR and answer.get("exc") == raised.exc
                     and _error_key(str(answer.get("text", ""))) == _error_key(raised.text)):
-                return mistake.hint
+                return mistake
         return None
 
     def mistake_output(self, impl: Any, inputs: dict, probe: Probe = INVOKE) -> Any:
@@ -192,8 +211,8 @@ class Trial:
 
     # -- comparing -------------------------------------------------------
     def likely_mistake(self, case: Any, got: Any, expected: Any, differ: Any = None,
-                       probe: Probe = INVOKE) -> str | None:
-        """The hint of the first catalogued mistake that reproduces ``got`` on ``case``.
+                       probe: Probe = INVOKE) -> Mistake | None:
+        """The first catalogued mistake that reproduces ``got`` on ``case``.
 
         ``differ(a, b)`` returns None when two outputs match (default:
         :func:`~course_lib.grading.judge.compare.describe_difference`, NaN equal to NaN when
@@ -209,7 +228,7 @@ class Trial:
             if wrong is None or shows(expected, wrong) is None:
                 continue  # this mistake does not show on this input
             if same(wrong, got) is None:
-                return mistake.hint
+                return mistake
         return None
 
     def _precision_hint(self, case: Any, expected: Any, got: Any, probe: Probe) -> str | None:
@@ -240,13 +259,10 @@ class Trial:
             problem = (differ or (lambda e, g: describe_difference(e, g, self.spec.output_names)))(expected, got)
             if problem is None:
                 continue
-            message = f"On {case.label}: {problem}"
-            hint = self.likely_mistake(case, got, expected, differ=differ, probe=probe)
-            if not hint and self.name_mistakes and differ is None:
-                hint = self._precision_hint(case, expected, got, probe)
-            if hint:
-                message += f"\n{LIKELY_CAUSE}{hint}"
-            raise CheckFailed(message)
+            cause = self.likely_mistake(case, got, expected, differ=differ, probe=probe)
+            if not cause and self.name_mistakes and differ is None:
+                cause = self._precision_hint(case, expected, got, probe)
+            raise self.failed(f"On {case.label}: {problem}", cause)
 
 
 def _as_float64(x: Any) -> Any:
@@ -255,11 +271,17 @@ def _as_float64(x: Any) -> Any:
 
 class RaisedError(CheckFailed):
     """The student's code raised ``exc`` with message ``text`` (a failure a catalogued mistake
-    may explain: :meth:`Trial._raising_hint`)."""
+    may explain: :meth:`Trial._raising_mistake`)."""
 
-    def __init__(self, message: str, exc: str, text: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, exc: str, text: str, cause: Mistake | None = None) -> None:
+        super().__init__(message, cause=cause)
         self.exc, self.text = exc, text
+
+
+def raised(failed: CheckFailed, exc: str) -> bool:
+    """Whether a failure is the student's code raising ``exc`` (an exception's name), as a check
+    that expects it to raise asks."""
+    return isinstance(failed, RaisedError) and failed.exc == exc
 
 
 _BROADCAST = re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
@@ -275,16 +297,3 @@ def _error_key(text: str) -> str:
     if found:
         return "broadcast " + " ".join(sorted(found.group(1, 2)))
     return text
-
-
-def mistake_named(spec: ItemSpec, message: str) -> str:
-    """The name of the likely cause a failure message gives: the catalogued mistake whose
-    hint it quotes, otherwise the hint's first clause; "" when it names no cause."""
-    _, found, hint = message.partition(LIKELY_CAUSE)
-    if not found:
-        return ""
-    known = [m for m in spec.mistakes if m.hint and m.hint in hint]
-    if known:
-        return max(known, key=lambda m: len(m.hint)).name
-    first = re.split(r"[:.;]\s", hint.strip(), maxsplit=1)[0]
-    return first[:80]
