@@ -11,13 +11,11 @@ came before it (a rule in intake is one wall, this is the second):
 - **the autograded notebook** (:func:`clean_output`, :func:`clean_markdown`,
   :func:`clean_text`): only outputs of safe types are kept, a student's HTML in markdown
   is kept as text, messages lose their control characters;
-- **an HTML page** (:func:`sanitize`, :func:`markdown_html`, :class:`SafeHTMLExporter`):
-  everything a student wrote or printed is rendered, then cleaned by an allow-list
-  sanitiser (nh3, the Python binding of the maintained Rust library ammonia): markdown's
-  elements, tables and MathML only; links only to ``http(s)`` and ``mailto`` (checked by
-  the sanitiser after it decodes entities); images only as embedded PNG, JPEG, GIF or
-  WebP data. Every page the project writes carries :data:`CSP`, which lets no script
-  run at all: the pages need none.
+- **an HTML page** (:func:`markdown_html`, :class:`SafeHTMLExporter`): everything a student
+  wrote or printed is rendered, then cleaned by the allow-list of
+  :mod:`autograder.doors.allowlist`: markdown's elements, tables and MathML only; links only
+  to ``http(s)`` and ``mailto`` (checked by the sanitiser after it decodes entities); images
+  only as embedded PNG, JPEG, GIF or WebP data; its Content-Security-Policy on every page.
 """
 
 from __future__ import annotations
@@ -28,12 +26,12 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-import nh3
 from traitlets import Unicode
 
-__all__ = ["csv_cell", "write_csv", "sanitize", "markdown_html", "tex_to_mathml", "CSP", "CSP_META",
-           "with_csp", "SafeHTMLExporter", "ALLOWED_TAGS", "clean_output", "clean_markdown", "clean_text", "clean_attachments",
-           "IMAGE_TYPES", "attachment_image"]
+from .allowlist import DATA_IMAGE, sanitize
+
+__all__ = ["csv_cell", "write_csv", "markdown_html", "tex_to_mathml", "SafeHTMLExporter", "clean_output",
+           "clean_markdown", "clean_text", "clean_attachments", "IMAGE_TYPES", "attachment_image"]
 
 # ---------------------------------------------------------------------------
 # CSV
@@ -73,55 +71,8 @@ def write_csv(target: Path | io.StringIO, rows: Iterable[dict], columns: list[st
 
 
 # ---------------------------------------------------------------------------
-# HTML
+# HTML (the allow-list and the CSP: autograder/doors/allowlist.py)
 # ---------------------------------------------------------------------------
-
-CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; "
-       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-CSP_META = f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-
-_MATHML = {"math", "mrow", "mi", "mn", "mo", "ms", "mtext", "mspace", "msub", "msup", "msubsup", "mfrac", "msqrt",
-           "mroot", "mstyle", "mpadded", "mphantom", "menclose", "mover", "munder", "munderover", "mtable", "mtr",
-           "mtd", "semantics", "annotation", "merror"}
-ALLOWED_TAGS = {"p", "br", "hr", "em", "strong", "b", "i", "u", "s", "del", "ins", "sub", "sup", "small", "mark",
-                "code", "pre", "kbd", "samp", "var", "blockquote", "q", "cite", "abbr",
-                "ul", "ol", "li", "dl", "dt", "dd", "h1", "h2", "h3", "h4", "h5", "h6",
-                "a", "img", "span", "div", "table", "thead", "tbody", "tfoot", "tr", "th", "td", "caption",
-                "details", "summary", *_MATHML}
-_MATH_ATTRIBUTES = {"display", "mathvariant", "stretchy", "fence", "separator", "lspace", "rspace", "accent",
-                    "accentunder", "movablelimits", "columnalign", "rowalign", "columnspacing", "rowspacing",
-                    "width", "height", "depth", "linethickness", "scriptlevel", "displaystyle", "notation",
-                    "encoding", "largeop", "symmetric", "minsize", "maxsize", "form", "voffset"}
-_ATTRIBUTES = {
-    "*": {"title", "lang", "dir"},
-    "a": {"href"}, "img": {"src", "alt", "width", "height"},
-    "h1": {"id"}, "h2": {"id"}, "h3": {"id"}, "h4": {"id"}, "h5": {"id"}, "h6": {"id"},
-    "code": {"class"}, "pre": {"class"}, "span": {"class"}, "div": {"class"},
-    "td": {"align", "colspan", "rowspan"}, "th": {"align", "colspan", "rowspan"}, "ol": {"start"},
-    **{tag: _MATH_ATTRIBUTES for tag in _MATHML},
-}
-_DATA_IMAGE = re.compile(r"data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]*")
-
-
-def _attribute_filter(element: str, attribute: str, value: str) -> str | None:
-    if element == "img" and attribute == "src":
-        return value if _DATA_IMAGE.fullmatch(value) else None  # no fetch from anywhere, local files included
-    if attribute == "href" and value.strip().lower().startswith("data:"):
-        return None  # data URLs only as images (the sanitiser lets the scheme through for img src)
-    if attribute in ("class", "id"):
-        return re.sub(r"[^\w\- ]", "", value)[:100] or None
-    return value
-
-
-def sanitize(fragment: str) -> str:
-    """A fragment of HTML built from a student's text, cleaned by an allow-list:
-    :data:`ALLOWED_TAGS` with a few attributes each, links to http(s) and mailto only
-    (entities decoded first), images only as embedded data; everything else removed
-    (``script`` and ``style`` with their content)."""
-    return nh3.clean(fragment, tags=ALLOWED_TAGS, attributes=_ATTRIBUTES, url_schemes={"http", "https", "mailto", "data"},
-                     attribute_filter=_attribute_filter, link_rel="noopener noreferrer nofollow",
-                     clean_content_tags={"script", "style"}, strip_comments=True)
-
 
 MAX_FORMULAS = 2_000  # formulas turned into MathML on one page; the rest are shown as TeX
 MAX_SOURCE_SHOWN = 500_000  # characters of one cell shown on a page
@@ -180,7 +131,7 @@ def attachment_image(attachment: Any) -> str | None:
         data = attachment.get(mime)
         if isinstance(data, list):
             data = "".join(d for d in data if isinstance(d, str))
-        if isinstance(data, str) and _DATA_IMAGE.fullmatch(f"data:{mime};base64,{data}"):
+        if isinstance(data, str) and DATA_IMAGE.fullmatch(f"data:{mime};base64,{data}"):
             return f"data:{mime};base64," + re.sub(r"\s", "", data)
     return None
 
@@ -216,15 +167,6 @@ def markdown_html(source: str, attachments: dict | None = None, budget: list[int
 
     renderer = _renderer(attachments if isinstance(attachments, dict) else {})
     return sanitize(MarkdownWithMath(renderer=renderer).render(render_math(str(source), budget)))
-
-
-def with_csp(page: str) -> str:
-    """``page`` with :data:`CSP_META` first in its ``<head>`` (before anything the student
-    wrote); a page without a head gets one."""
-    m = re.search(r"<head(\s[^>]*)?>", page, re.I)
-    if m:
-        return page[:m.end()] + "\n" + CSP_META + page[m.end():]
-    return f"<!DOCTYPE html>\n<html><head>{CSP_META}</head>\n" + page
 
 
 from jinja2 import pass_context as _pass_context  # beside the one class that needs it

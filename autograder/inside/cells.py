@@ -21,3 +21,16 @@ def is_test_cell(cell: dict) -> bool:
     """A code cell with points that is not a solution cell: an autograder test."""
     meta = nbgrader_meta(cell)
     return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
+
+
+TEST_PREFIX = "test_"
+
+
+def item_of(grade_id: str) -> str:
+    """The graded item a test cell's grade_id names: ``test_causal_mask`` → ``causal_mask``."""
+    return grade_id.removeprefix(TEST_PREFIX)
+
+
+def test_id_of(item: str) -> str:
+    """The grade_id of an item's test cell: ``causal_mask`` → ``test_causal_mask``."""
+    return TEST_PREFIX + item

@@ -10,6 +10,9 @@ to the grader as they appear. At a test cell it runs nothing of the cell: it ask
 the grader for that item's plan and answers each call with the student's object of
 that name (:func:`course_lib.grading.answer.perform.perform`), as plain data.
 
+Its outputs go through :mod:`outputs` (this folder's modules are top-level modules in the
+sandbox), its limits are :mod:`limits`', its seccomp filter :mod:`lockdown`'s.
+
 Everything here runs in the student's process and may be tampered with by the
 student's code: the grader trusts none of it. It only produces answers and outputs,
 which the grader validates, caps and judges in its own process.
@@ -18,9 +21,7 @@ which the grader validates, caps and judges in its own process.
 from __future__ import annotations
 
 import _thread
-import codecs
 import os
-import resource
 import socket
 import sys
 import threading
@@ -31,173 +32,11 @@ sys.modules.setdefault("workbook_runner", sys.modules[__name__])
 
 from cells import is_test_cell, nbgrader_meta  # this folder is on the sandbox's path
 from channel import Channel
+from limits import apply_limits, limit_address_space
+from outputs import Outputs, Stream, capture_fd, flusher
 
 _OUT: "Outputs | None" = None
 _CHANNEL: Channel | None = None
-
-
-# ---------------------------------------------------------------------------
-# Outputs: streamed to the grader as they appear, capped here (and again there)
-# ---------------------------------------------------------------------------
-
-class Outputs:
-    def __init__(self, channel: Channel, cell_kb: int, notebook_kb: int) -> None:
-        self.channel = channel
-        self.cell: int | None = None
-        self.lock = threading.RLock()
-        self.pending: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        self.pending_size = 0
-        self.cell_cap = cell_kb * 1024
-        self.notebook_cap = notebook_kb * 1024
-        self.cell_used = 0
-        self.used = 0
-        self.truncated = False
-
-    def start(self, cell: int | None) -> None:
-        with self.lock:
-            self.flush()
-            self.cell, self.cell_used, self.truncated = cell, 0, False
-
-    def _room(self, size: int) -> int:
-        """How much of an output of ``size`` may still be sent (a note once when it is cut)."""
-        room = max(0, min(self.cell_cap - self.cell_used, self.notebook_cap - self.used))
-        take = min(size, room)
-        self.cell_used += take
-        self.used += take
-        if take < size and not self.truncated:
-            self.truncated = True
-        return take
-
-    def _note(self) -> None:
-        self._send({"output_type": "stream", "name": "stdout",
-                    "text": "\n... output truncated: this cell printed more than the grader keeps ...\n"})
-        try:
-            self.channel.send({"type": "truncated", "index": self.cell})
-        except Exception:
-            pass
-
-    def _send(self, output: dict) -> None:
-        try:
-            self.channel.send({"type": "output", "index": self.cell, "output": output})
-        except Exception:  # the grader went away, or the output could not be encoded
-            pass
-
-    def stream(self, name: str, text: str) -> None:
-        if not text:
-            return
-        with self.lock:
-            if self.truncated:
-                return
-            self.pending[name].append(text)
-            self.pending_size += len(text)
-            if self.pending_size > 16384:
-                self.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            for name in ("stdout", "stderr"):
-                if self.pending[name]:
-                    text = "".join(self.pending[name])
-                    self.pending[name] = []
-                    if self.truncated:
-                        continue
-                    take = self._room(len(text))
-                    if take:
-                        self._send({"output_type": "stream", "name": name, "text": text[:take]})
-                    if self.truncated:
-                        self._note()
-            self.pending_size = 0
-
-    def display(self, output: dict) -> None:
-        with self.lock:
-            self.flush()
-            if self.truncated:
-                return
-            size = sum(len(str(v)) for v in (output.get("data") or {}).values()) + \
-                len(str(output.get("evalue", ""))) + sum(len(str(t)) for t in output.get("traceback", []))
-            if any(str(k).startswith("image/") for k in (output.get("data") or {})):
-                # a figure counts against the notebook's outputs only (a cell's limit is for what
-                # it prints); one that does not fit is left out whole, with a line, and the cell goes on
-                if self.used + size <= self.notebook_cap:
-                    self.used += size
-                    self._send(output)
-                else:
-                    self._send({"output_type": "stream", "name": "stdout",
-                                "text": f"[a figure of {size // 1024} kB left out: the notebook's outputs passed "
-                                        "what the grader keeps]\n"})
-            elif self._room(size) == size:
-                self._send(output)
-            else:  # an output that does not fit whole is dropped
-                self._send({"output_type": "stream", "name": "stdout",
-                            "text": f"[a {output.get('output_type')} output of {size // 1024} kB left out: the "
-                                    "cell's outputs passed what the grader keeps]\n"})
-                self._note()
-
-
-class Stream:
-    """``sys.stdout``/``sys.stderr`` for the student's code."""
-
-    encoding = "utf-8"
-    errors = "replace"
-
-    def __init__(self, name: str, fd: int) -> None:
-        self.name, self._fd = name, fd
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        if _OUT is not None:
-            _OUT.stream(self.name, text)
-        return len(text)
-
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-
-def _capture_fd(fd: int, name: str) -> None:
-    """Send what C code and child processes write to ``fd`` to the current cell."""
-    read, write = os.pipe()
-    os.dup2(write, fd)
-    os.close(write)
-
-    def pump() -> None:
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        while True:
-            try:
-                data = os.read(read, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            if _OUT is not None:
-                _OUT.stream(name, decoder.decode(data))
-
-    threading.Thread(target=pump, name=f"capture-{name}", daemon=True).start()
-
-
-def _flusher(outputs: Outputs) -> None:
-    while True:
-        time.sleep(0.25)
-        try:
-            outputs.flush()
-        except Exception:
-            pass
 
 
 # ---------------------------------------------------------------------------
@@ -282,6 +121,7 @@ class Timeout:
 
 def answer_plan(channel: Channel, shell, index: int, grade_id: str, cell_timeout: float) -> None:
     """Ask the grader for the plan of this test cell's item and answer every call."""
+    from course_lib.grading.answer.answers import Kind, failure
     from course_lib.grading.answer.calls import Call, Subject
     from course_lib.grading.answer.perform import perform
 
@@ -295,26 +135,25 @@ def answer_plan(channel: Channel, shell, index: int, grade_id: str, cell_timeout
     for s, segment in enumerate(reply["segments"]):
         for k, call_data in enumerate(segment):
             if stopped:
-                answer = {"ok": False, "kind": "no_answer", "text": stopped}
+                answer = failure(Kind.NO_ANSWER, stopped)
             elif time.monotonic() - started > cell_timeout:
                 stopped = f"the checks ran longer than the {cell_timeout:g} s cell time limit"
-                answer = {"ok": False, "kind": "no_answer", "text": stopped}
+                answer = failure(Kind.NO_ANSWER, stopped)
             else:
                 try:
                     with Timeout(max(1.0, cell_timeout - (time.monotonic() - started))):
                         answer = perform(subject, impl, Call.from_data(call_data))
                 except KeyboardInterrupt:
                     stopped = f"the checks ran longer than the {cell_timeout:g} s cell time limit"
-                    answer = {"ok": False, "kind": "no_answer", "text": stopped}
+                    answer = failure(Kind.NO_ANSWER, stopped)
                 except BaseException as exc:  # SystemExit and the like from student code
-                    answer = {"ok": False, "kind": "error", "exc": type(exc).__name__, "text": str(exc)[:300],
-                              "where": ""}
+                    answer = failure(Kind.ERROR, str(exc)[:300], type(exc).__name__)
             try:
                 channel.send({"type": "answer", "item": subject.name, "segment": s, "index": k, "answer": answer})
             except Exception as exc:  # the answer could not be encoded or sent
                 channel.send({"type": "answer", "item": subject.name, "segment": s, "index": k,
-                              "answer": {"ok": False, "kind": "error", "exc": type(exc).__name__,
-                                         "text": "the answer could not be sent to the grader", "where": ""}})
+                              "answer": failure(Kind.ERROR, "the answer could not be sent to the grader",
+                                                type(exc).__name__)})
     channel.send({"type": "plan_done", "item": subject.name})
 
 
@@ -324,13 +163,13 @@ def run(channel: Channel, setup: dict) -> None:
     # twice the grader's caps: the grader enforces (and reports) them; these only spare the channel
     outputs = Outputs(channel, 2 * int(limits["max_output_kb"]) + 64, 2 * int(limits["max_notebook_output_kb"]) + 64)
     _OUT = outputs
-    threading.Thread(target=_flusher, args=(outputs,), daemon=True).start()
-    _capture_fd(1, "stdout")
-    _capture_fd(2, "stderr")
-    sys.stdout, sys.stderr = Stream("stdout", 1), Stream("stderr", 2)
+    threading.Thread(target=flusher, args=(outputs,), daemon=True).start()
+    capture_fd(1, "stdout", outputs)
+    capture_fd(2, "stderr", outputs)
+    sys.stdout, sys.stderr = Stream("stdout", 1, outputs), Stream("stderr", 2, outputs)
     sys.stdin = open(os.devnull)
     shell = _make_shell()
-    _limit_address_space(limits)
+    limit_address_space(limits)
     channel.request({"type": "ready"})  # the grader measures what the notebook's allowance starts from
     cell_timeout = float(limits["cell_timeout"])
     for index, cell in enumerate(setup["cells"]):
@@ -366,40 +205,6 @@ def run(channel: Channel, setup: dict) -> None:
             channel.send({"type": "exit", "index": index})
             return
     channel.send({"type": "done"})
-
-
-def _vm_size() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _apply_limits(limits: dict) -> None:
-    """The per-process limits but the address space's (:func:`_limit_address_space`, at the
-    first cell): processes, file size, open files, no core dumps."""
-    cap(resource.RLIMIT_NPROC, int(limits["max_processes"]))
-    cap(resource.RLIMIT_FSIZE, int(limits["file_mb"]) * 2**20)
-    cap(resource.RLIMIT_NOFILE, int(limits["max_open_files"]))
-    cap(resource.RLIMIT_CORE, 0)
-
-
-def _limit_address_space(limits: dict) -> None:
-    """The address space as ``memory_mb`` on top of what this process maps when the first cell
-    starts (torch, IPython, the runner's threads: PyPI's Linux build of torch alone maps about
-    3 GB of CUDA libraries, a CPU build about 600 MB; a zygote's child has mapped what its zygote
-    imported): the same allowance for a submission whichever build and whichever seal grades it."""
-    if limits.get("memory_mb"):
-        cap(resource.RLIMIT_AS, _vm_size() + int(limits["memory_mb"]) * 2**20)
-
-
-def cap(kind: int, value: int) -> None:
-    """Lower a limit, soft and hard alike (never above the hard limit already set)."""
-    soft, hard = resource.getrlimit(kind)
-    if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
-    resource.setrlimit(kind, (value, value))
 
 
 def _write_files(files: dict) -> None:
@@ -441,7 +246,7 @@ def main() -> None:
     if seal.get("required") and seal["syscall_filter"] != "on":
         channel.send({"type": "hello", "pid": os.getpid(), "seal": seal})  # and not one cell of the student's
         os._exit(0)
-    _apply_limits(setup["limits"])
+    apply_limits(setup["limits"])
     _write_files(setup.get("files", {}))
     channel.send({"type": "hello", "pid": os.getpid(), "seal": seal})
     from course_lib.device import full_precision
@@ -463,6 +268,7 @@ def _leave() -> None:
 def visible_check(item: str, impl):
     """``(passed, reference)``: whether ``impl`` passes the item's visible checks, as the
     grader judges its answers, and course_lib's reference for the item (a stub here)."""
+    from course_lib.grading.answer.answers import Kind, failure
     from course_lib.grading.answer.calls import Call, Subject, resolve
     from course_lib.grading.answer.perform import perform
 
@@ -479,8 +285,7 @@ def visible_check(item: str, impl):
             try:
                 row.append(perform(subject, impl, Call.from_data(call_data)))
             except BaseException as exc:
-                row.append({"ok": False, "kind": "error", "exc": type(exc).__name__, "text": str(exc)[:300],
-                            "where": ""})
+                row.append(failure(Kind.ERROR, str(exc)[:300], type(exc).__name__))
         answers.append(row)
     verdict = _CHANNEL.request({"type": "visible_answers", "item": subject.name, "answers": answers})
     reference = None

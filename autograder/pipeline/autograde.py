@@ -71,8 +71,9 @@ def autograde_assignments(course: Course, assignments: list[str], options: Gradi
             def told(record: dict, assignment: str = assignment) -> None:
                 if progress:
                     progress(dict(record, assignment=assignment))
-            recorders[assignment] = Recorder(course, assignment, gb, options.sealed_by() == "none",
+            recorders[assignment] = Recorder(course, assignment, gb, not options.sealed_by().sealed,
                                              batch.collect_log.get("notes", {}), told)
+            recorders[assignment].enroll(batch.handed_in())
             mine = batch.tasks(gb)
             recorders[assignment].record_without_running(mine.values())
             tasks.update({f"{assignment}/{key}": (assignment, task) for key, task in mine.items()})

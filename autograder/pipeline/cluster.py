@@ -45,6 +45,7 @@ from typing import Callable, Iterable, Iterator
 from ..course import Course, CourseError, find_course_root
 from ..course.manifest import course_manifest, manifest_differences, manifest_fingerprint
 from ..sealing import trees
+from ..sealing.isolation import Isolation
 
 __all__ = ["CourseMismatch", "cached_course_copy", "grade_task", "run_on_cluster", "WorkerTally", "CLUSTER_UID_BASE",
            "QUIET_DASK", "dask_environment", "exec_dask"]
@@ -230,7 +231,7 @@ def grade_task(job: dict, manifest: dict[str, str]) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="workbook-task-"))
     try:
         scratch.chmod(0o711)
-        if job.get("isolation") == "none":  # unsealed, the submission could write its copy: a fresh one
+        if not Isolation.of(job.get("isolation")).sealed:  # unsealed, the submission could write its copy: a fresh one
             course_copy = build_course_copy(scratch / "course", items)
             check_course()
         else:

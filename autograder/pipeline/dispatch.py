@@ -12,7 +12,7 @@ from typing import Callable
 
 from ..course import Course
 from ..course.manifest import course_manifest
-from ..sealing import isolation
+from ..sealing.isolation import Isolation
 from ..sealing.sandbox import SANDBOX_UID_BASE, python_address_space_mb
 from ..sealing.zygote import zygote_possible
 from .handoffs import Job, WorkerResult
@@ -63,7 +63,7 @@ def dispatch(course: Course, options: GradingOptions, jobs: list[Job],
                     functools.partial(init_worker, env, uid_base)) as pool:
         # measured here once, while the workers start, not by each worker before its first sandbox
         # (a zygote's child needs none: the zygote measured its own)
-        if any(job["limits"].get("memory_mb") and zygote_possible(isolation.resolve(job.get("isolation", "")),
+        if any(job["limits"].get("memory_mb") and zygote_possible(Isolation.of(job.get("isolation")),
                                                                   bool(job.get("gpu"))) for job in jobs):
             floor = python_address_space_mb()
             jobs = [{**job, "address_space_mb": floor} for job in jobs]

@@ -22,7 +22,7 @@ from ..doors.outbound import clean_attachments, clean_markdown
 from ..inside.cells import cell_label, is_test_cell, nbgrader_meta
 from .handoffs import Judgement, RunOutcome
 
-__all__ = ["judge", "assemble", "not_checked"]
+__all__ = ["judge", "visible_verdict", "assemble", "not_checked"]
 
 
 def judge(outcome: RunOutcome, forbidden: dict[str, str]) -> Judgement:
@@ -44,6 +44,15 @@ def judge(outcome: RunOutcome, forbidden: dict[str, str]) -> Judgement:
             results[item] = _not_run(spec, _why_not_run(outcome))
     cells, problems = assemble(outcome, results)
     return Judgement(results, cells, problems)
+
+
+def visible_verdict(item: str, plan: Any, answers: list, device: Any) -> bool:
+    """Whether the notebook's answers to ``item``'s visible plan pass (for ``working_or_reference``
+    while the notebook runs: no points, salt 0). Pass or fail is all the notebook needs: no search
+    of the mistake catalogue (it can take seconds for a wrong module, on the cell's clock)."""
+    rows = [[a if isinstance(a, dict) else None for a in row] if isinstance(row, list) else [] for row in answers]
+    result = judge_item(get_spec(item), plan, rows, device=device, salt=0, name_mistakes=False)
+    return not result.reference_used and all(r.passed for r in result.results)
 
 
 def _why_not_run(outcome: RunOutcome) -> str:

@@ -52,7 +52,7 @@ class GradingOptions:
         return cls(workers=settings.workers, limits=limits, threads_per_kernel=settings.threads, gpu=gpu,
                    scheduler=settings.scheduler or None, **chosen)
 
-    def sealed_by(self) -> str:
+    def sealed_by(self) -> isolation.Isolation:
         """How submissions are sealed off: ``bubblewrap``, ``container`` or ``none``
         (:func:`autograder.sealing.isolation.resolve`)."""
         return isolation.resolve(self.isolation, self.unsafe_no_sandbox)

@@ -34,13 +34,14 @@ from nbgrader.api import Gradebook
 from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
 from traitlets.config import Config
 
-from ..course import Course, CourseError, read_json, with_retry
+from ..course import Course, CourseError, read_json
 from ..course.manifest import course_manifest, manifest_fingerprint
 from ..course.problems import WHOLE_SUBMISSION, problem
 from ..course.release import recorded_notebooks
 from ..course.settings import intake_limits
 from ..doors import intake
 from ..doors.intake import IntakeLimits, Refused, shown
+from ..inside.cells import item_of
 from ..sealing import sandbox, trees
 from ..sealing.course_copy import build_course_copy
 from .handoffs import Job, Task
@@ -122,8 +123,8 @@ class Batch:
         collect_log = read_json(course.collect_log_path(assignment), {}) or {}
         secret = course_secret(course)
         sealed_by = options.sealed_by()
-        settings = json.dumps({"limits": options.limits.__dict__, "unsafe": sealed_by == "none",
-                               "container": sealed_by == "container", "gpu": options.gpu,
+        settings = json.dumps({"limits": options.limits.__dict__, "unsafe": not sealed_by.sealed,
+                               "container": sealed_by.one_user, "gpu": options.gpu,
                                "course": course_fingerprint(course), "secret": hashlib.sha256(secret).hexdigest()[:8]},
                               sort_keys=True)
         rules = intake_limits(course)
@@ -138,15 +139,15 @@ class Batch:
     def clean(self) -> None:
         trees.remove_tree(self.scratch)  # (the jobs' folders, which the submissions' code wrote in)
 
+    def handed_in(self) -> dict[str, dt.datetime | None]:
+        """When each student of the batch handed the assignment in (:func:`submission_time`)."""
+        return {student: submission_time(self.collect_log, student) for student in self.students}
+
     def tasks(self, gb: Gradebook) -> dict[str, Task]:
-        """Every student's notebooks read and repaired (cheap, sequential, the gradebook's
-        only reads), keyed ``<student>/<notebook>``; each student and submission recorded in
-        the gradebook with the trusted time of collect (never the student's own file)."""
+        """Every student's notebooks read and repaired (cheap, sequential; the gradebook is only
+        read here), keyed ``<student>/<notebook>``."""
         tasks: dict[str, Task] = {}
         for student in self.students:
-            with_retry(gb, lambda: gb.update_or_create_student(student))
-            timestamp = submission_time(self.collect_log, student)
-            with_retry(gb, lambda: gb.update_or_create_submission(self.assignment, student, timestamp=timestamp))
             for notebook in self.notebooks:
                 tasks[f"{student}/{notebook}"] = self.task(gb, student, notebook, len(tasks))
         return tasks
@@ -222,7 +223,7 @@ class Batch:
                 "salts": {i: item_salt(self.secret, self.assignment, notebook, student, i, fingerprint)
                           for i in test_items(nb)},
                 "device": "cuda" if options.gpu else "cpu", "gpu": options.gpu, "threads": options.threads_per_kernel,
-                "isolation": sealed_by, "container_user": self.container_user,
+                "isolation": sealed_by.value, "container_user": self.container_user,
                 "hard_timeout": limits.notebook_timeout + 180}
 
 
@@ -404,7 +405,7 @@ def extra_files(folder: Path) -> tuple[list[tuple[str, str]], list[str]]:
 
 def test_items(nb: NotebookNode) -> list[str]:
     """The items of the notebook's test cells (``test_<item>``)."""
-    return [c["metadata"]["nbgrader"]["grade_id"].removeprefix("test_") for c in nb.cells
+    return [item_of(c["metadata"]["nbgrader"]["grade_id"]) for c in nb.cells
             if c.get("cell_type") == "code" and nbutils.is_grade(c) and not nbutils.is_solution(c)]
 
 

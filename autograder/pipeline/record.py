@@ -11,6 +11,7 @@ finished. One batch at a time writes (:func:`exclusive`).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import logging
 import re
@@ -24,9 +25,10 @@ from nbgrader.api import Gradebook
 from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
 from nbformat import NotebookNode
 
-from ..course import Course, CourseError, read_json, write_json_atomic
+from ..course import Course, CourseError, read_json, with_retry, write_json_atomic
 from ..course.problems import problem
 from ..doors.intake import scrub
+from ..inside.cells import test_id_of
 from .handoffs import Task, WorkerResult
 
 __all__ = ["Recorder", "writing", "exclusive", "TrustedAutoGrades", "zero_grades", "write_result", "save_grading_report",
@@ -47,6 +49,14 @@ class Recorder:
         self.course, self.assignment, self.gb = course, assignment, gb
         self.unverified, self.notes, self.progress = unverified, notes, progress
         self.reports: dict[str, dict] = {}  # student -> grading report
+
+    def enroll(self, handed_in: dict[str, dt.datetime | None]) -> None:
+        """Each student of the batch and their submission in the gradebook, with the trusted time
+        of collect (``handed_in``; never the student's own file), before any result arrives."""
+        gb = self.gb
+        for student, timestamp in handed_in.items():
+            with_retry(gb, lambda: gb.update_or_create_student(student))
+            with_retry(gb, lambda: gb.update_or_create_submission(self.assignment, student, timestamp=timestamp))
 
     def record(self, task: Task, result: WorkerResult | None, worker: str | None = None) -> None:
         """One notebook's result (None: nothing could run, its problems say why)."""
@@ -204,7 +214,7 @@ def write_result(course: Course, gb: Gradebook, task: Task, result: WorkerResult
                 problems.append(problem("test_failed", f"{cell['grade_id']}: {cell['error']}", cell["grade_id"]))
         for item, data in result.get("items", {}).items():
             if data.get("reference_used"):
-                problems.append(problem("reference_used", f"{item}: {data['reference_used']}", f"test_{item}"))
+                problems.append(problem("reference_used", f"{item}: {data['reference_used']}", test_id_of(item)))
         record["cells"] = result["cells"]
         record["items"] = result.get("items", {})
         record["sealed"] = str(result.get("seal", {}).get("how", ""))[:400]  # how (autograder/pipeline/seals.py)

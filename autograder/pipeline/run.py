@@ -23,9 +23,10 @@ import torch
 from course_lib.grading import get_spec
 from course_lib.grading.answer.wire import WireLimits
 
-from ..inside.cells import is_test_cell, nbgrader_meta
+from ..inside.cells import is_test_cell, item_of, nbgrader_meta
 from ..inside.channel import MAX_FRAME, Channel, FrameReader, ProtocolError
-from ..sealing import isolation, sandbox
+from ..sealing import sandbox
+from ..sealing.isolation import Isolation
 from ..sealing.zygote import Zygote
 from .handoffs import Ending, Job, RunOutcome
 from .run_protocol import Conversation
@@ -50,7 +51,7 @@ def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int, zygote: Z
     stopped before this returns. ``uid``: the bubblewrap sandbox's user when the grader is
     root; ``zygote``: the worker's, to fork the run from (bubblewrap as root), else a fresh
     sandbox (``why_not_zygote`` says why, for the run's summary)."""
-    supervisor = Supervisor(job, course_copy, job_dir, uid, seal_for(isolation.resolve(job.get("isolation", "")),
+    supervisor = Supervisor(job, course_copy, job_dir, uid, seal_for(Isolation.of(job.get("isolation")),
                                                                      zygote, why_not_zygote))
     try:
         supervisor.start()
@@ -84,10 +85,10 @@ class Supervisor:
         for index, cell in enumerate(self.nb["cells"]):
             if is_test_cell(cell):
                 gid = str(nbgrader_meta(cell).get("grade_id", ""))
-                self.tests[gid] = gid.removeprefix("test_")
-                test_cell.setdefault(gid.removeprefix("test_"), index)
+                self.tests[gid] = item_of(gid)
+                test_cell.setdefault(item_of(gid), index)
         self.items = [i for i in self.tests.values() if known_item(i)]
-        self.seal = seal or seal_for(isolation.resolve(job.get("isolation", "")), None)
+        self.seal = seal or seal_for(Isolation.of(job.get("isolation")), None)
         self.process = None  # the sealed process's handle (autograder/pipeline/seals.py)
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
@@ -160,7 +161,7 @@ class Supervisor:
         talk.close()
         return RunOutcome(self.nb, self.tests, self.items, self.salts, str(self.device), talk.plans, talk.answers,
                           run.outputs, run.counts, run.ending or Ending.FINISHED, run.reason, run.ended_at,
-                          run.events, self.seal.isolation, self.survivors, talk.oracle_calls, self.seal.how,
+                          run.events, self.seal.isolation.value, self.survivors, talk.oracle_calls, self.seal.how,
                           talk.seal)
 
     def memory_mb(self) -> float:
@@ -168,8 +169,8 @@ class Supervisor:
         was about to start (the runner, torch, IPython: the grader's, not the notebook's), as the
         ``memory_mb`` limit counts it; for a child of a zygote, less the pages it may have copied
         from its zygote by writing to them (a fresh process has them already)."""
-        used = self.seal.memory_mb(self.process, self) - self.baseline_mb - self.seal.slack_mb(self.process)
-        return max(0.0, used)
+        slack = self.seal.slack_mb(self.process)
+        return max(0.0, self.seal.memory_mb(self.process, self) - self.baseline_mb - slack)
 
     def _measure_baseline(self) -> None:
         self.baseline_mb = self.seal.memory_mb(self.process, self)

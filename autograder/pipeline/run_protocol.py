@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import inspect
 import socket
-import time
 from typing import Any, Callable
 
 import torch
 
 from course_lib.grading import get_spec
 from course_lib.grading.answer.calls import Subject
-from course_lib.grading.judge.runner import judge_item, plan_item
+from course_lib.grading.judge.runner import plan_item
 from course_lib.grading.answer.wire import decode
 
 from ..course.problems import problem
@@ -29,11 +28,11 @@ from ..inside.cells import is_test_cell, nbgrader_meta
 from ..inside.channel import Channel, ProtocolError
 from ..sealing.course_copy import reference_targets
 from ..sealing.sandbox import SandboxUnavailable
-from .handoffs import Ending
+from .judge import visible_verdict
 from .reference_oracle import Oracle
-from .run_transcript import Transcript
+from .run_transcript import CELL_MESSAGES, Transcript
 
-__all__ = ["Conversation", "MAX_ANSWERS"]
+__all__ = ["Conversation", "HANDLERS", "MAX_ANSWERS"]
 
 MAX_ANSWERS = 256 * 2**20  # all the answers of one item
 
@@ -65,59 +64,34 @@ class Conversation:
         self.seal: dict[str, str] = {}  # the seal as the runner found it (its first hello, before any cell)
 
     def handle(self, message: dict) -> None:
-        run = self.transcript
+        """One message, by its ``type``: about the cells, to the transcript, which keeps their
+        state (:data:`~autograder.pipeline.run_transcript.CELL_MESSAGES`); any other, to its
+        handler here (:data:`HANDLERS`); a :class:`ProtocolError` for an unknown one."""
         kind = message["type"]
-        if kind == "output":
-            run.add_output(message.get("index"), message.get("output"))
-        elif kind == "cell_start":
-            index = message["index"]
-            if not isinstance(index, int) or not 0 <= index < len(run.cells) or index <= run.last_cell:
-                raise ProtocolError("cells run in order, each once")
-            run.current, run.cell_started, run.last_cell = index, time.monotonic(), index
-        elif kind == "cell_end":
-            index = message.get("index")
-            if index == run.current and index is not None:
-                count = message.get("execution_count")
-                run.counts[index] = count if isinstance(count, int) and not isinstance(count, bool) else None
-                status = message.get("status")
-                run.status[index] = status if isinstance(status, str) else "ok"
-                if status == "timeout":
-                    run.event("cell_timeout", index,
-                              f"the cell ran longer than the {run.limits.cell_timeout} s limit and was interrupted")
-                run.current = None
-        elif kind == "plan_request":
-            self.plan(message)
-        elif kind == "answer":
-            self.answer(message)
-        elif kind == "plan_done":
-            self.open_items.discard(message.get("item"))
-        elif kind == "visible_plan":
-            self.visible_plan(message)
-        elif kind == "visible_answers":
-            self.visible_answers(message)
-        elif kind == "oracle":
-            self.reply({"type": "oracle_result", **self.ask_oracle(message)})
-        elif kind == "reference_source":
-            self.reply({"type": "reference_source", **self.reference_source(message)})
-        elif kind == "exit":
-            run.end(Ending.EXIT_CALLED, "the notebook called exit()",
-                    message.get("index") if isinstance(message.get("index"), int) else run.current)
-            run.done = True
-        elif kind == "done":
-            run.done = True
-        elif kind == "hello":
-            self.hello(message)
-        elif kind == "ready":  # sent once by the runner before the first cell; later ones are the notebook's
-            if not self.ready and run.current is None and run.last_cell < 0:
-                self.ready = True
-                self.on_ready()
-                self.reply({"type": "go"})
-        elif kind == "truncated":  # the runner dropped output before sending it
-            index = message.get("index")
-            if index == run.current and index is not None and index not in run.truncated:
-                run.truncate(index)
-        else:
-            raise ProtocolError(f"unknown message {kind[:40]!r}")
+        if isinstance(kind, str) and kind in CELL_MESSAGES:
+            CELL_MESSAGES[kind](self.transcript, message)
+            return
+        handler = HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            raise ProtocolError(f"unknown message {str(kind)[:40]!r}")
+        handler(self, message)
+
+    def ready_to_start(self, message: dict) -> None:
+        """Sent once by the runner before the first cell (later ones are the notebook's): the
+        grader measures what the run uses at rest, then lets it go on."""
+        if not self.ready and self.transcript.before_first_cell:
+            self.ready = True
+            self.on_ready()
+            self.reply({"type": "go"})
+
+    def plan_done(self, message: dict) -> None:
+        self.open_items.discard(message.get("item"))
+
+    def oracle_call(self, message: dict) -> None:
+        self.reply({"type": "oracle_result", **self.ask_oracle(message)})
+
+    def source_request(self, message: dict) -> None:
+        self.reply({"type": "reference_source", **self.reference_source(message)})
 
     def hello(self, message: dict) -> None:
         """The runner's first message, sent before any of the student's code runs: how it
@@ -178,8 +152,7 @@ class Conversation:
         """Items whose test cell has not finished: their references are refused, so that
         nothing computed with course_lib's answer (a lookup table made in an earlier cell,
         a function captured early) can stand in for the student's own code."""
-        run = self.transcript
-        done_up_to = run.last_cell if run.current is None else run.current - 1
+        done_up_to = self.transcript.graded_up_to()
         return {item for item, index in self.test_cell.items() if index > done_up_to} | self.open_items
 
     def plan(self, message: dict) -> None:
@@ -226,15 +199,8 @@ class Conversation:
 
     def visible_answers(self, message: dict) -> None:
         item, answers = message.get("item"), message.get("answers")
-        passed = False
-        if item in self.visible_plans and isinstance(answers, list):
-            rows = [[a if isinstance(a, dict) else None for a in row] if isinstance(row, list) else []
-                    for row in answers]
-            # pass or fail is all the notebook needs: no search of the mistake catalogue (it can
-            # take seconds for a wrong module, and this runs on the cell's clock)
-            result = judge_item(get_spec(item), self.visible_plans[item], rows, device=self.device, salt=0,
-                                name_mistakes=False)
-            passed = not result.reference_used and all(r.passed for r in result.results)
+        passed = item in self.visible_plans and isinstance(answers, list) and \
+            visible_verdict(item, self.visible_plans[item], answers, self.device)
         self.reply({"type": "verdict", "passed": passed})
 
     def answer(self, message: dict) -> None:
@@ -250,6 +216,15 @@ class Conversation:
             answer = {"ok": False, "kind": "no_answer", "text": "the answers are too large"}
         table[s][i] = answer if isinstance(answer, dict) else {"ok": False, "kind": "no_answer",
                                                                "text": "the answer could not be read"}
+
+
+# What each message of the runner's is handled by (its ``type`` -> a method of Conversation).
+HANDLERS: dict[str, Callable[[Conversation, dict], None]] = {
+    "hello": Conversation.hello, "ready": Conversation.ready_to_start,
+    "plan_request": Conversation.plan, "answer": Conversation.answer, "plan_done": Conversation.plan_done,
+    "visible_plan": Conversation.visible_plan, "visible_answers": Conversation.visible_answers,
+    "oracle": Conversation.oracle_call, "reference_source": Conversation.source_request,
+}
 
 
 def _nbytes(value: Any, depth: int = 0) -> int:

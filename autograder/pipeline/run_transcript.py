@@ -12,16 +12,18 @@ the run is over.
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..course.problems import problem
 from ..doors.outbound import IMAGE_TYPES, clean_output, clean_text
 from ..inside.cells import cell_label, is_test_cell, nbgrader_meta
+from ..inside.channel import ProtocolError
 from ..sealing.sandbox import Limits
 from .handoffs import Ending
 
-__all__ = ["Transcript", "cell_errors", "exit_words"]
+__all__ = ["Transcript", "CELL_MESSAGES", "cell_errors", "exit_words"]
 
 
 @dataclass
@@ -37,14 +39,91 @@ class Transcript:
     used: dict[int, int] = field(default_factory=dict)
     total: int = 0
     truncated: set[int] = field(default_factory=set)
-    current: int | None = None  # the cell running now
-    last_cell: int = -1
-    cell_started: float = 0.0
-    done: bool = False  # the notebook said it is done (or called exit())
     ending: Ending | None = None  # why the run stopped early (None while it runs, and when it finished)
     reason: str = ""  # ... in words
     ended_at: int | None = None
     not_run: set[int] = field(default_factory=set)  # cells that stopped at what does not run while grading
+    _current: int | None = None  # the cell running now
+    _last_cell: int = -1
+    _cell_started: float = 0.0
+    _done: bool = False
+
+    # -- the cells' state: written only here, as the runner's messages say (run_protocol.py) --
+    @property
+    def current(self) -> int | None:
+        """The cell running now (None between cells)."""
+        return self._current
+
+    @property
+    def cell_started(self) -> float:
+        """When the running cell started (``time.monotonic()``)."""
+        return self._cell_started
+
+    @property
+    def done(self) -> bool:
+        """The notebook said it is done (or called exit())."""
+        return self._done
+
+    @property
+    def before_first_cell(self) -> bool:
+        return self._current is None and self._last_cell < 0
+
+    def graded_up_to(self) -> int:
+        """The last cell that has finished (-1 before the first)."""
+        return self._last_cell if self._current is None else self._current - 1
+
+    def start_cell(self, index: Any) -> None:
+        """Cell ``index`` starts; a :class:`ProtocolError` unless it comes after the last one."""
+        if (not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.cells)
+                or index <= self._last_cell):
+            raise ProtocolError("cells run in order, each once")
+        self._current, self._cell_started, self._last_cell = index, time.monotonic(), index
+
+    def end_cell(self, index: Any, count: Any, status: Any) -> None:
+        """The running cell ``index`` ended (its execution count and status as the runner says;
+        anything else is ignored)."""
+        if index is None or index != self._current:
+            return
+        self.counts[index] = count if isinstance(count, int) and not isinstance(count, bool) else None
+        self.status[index] = status if isinstance(status, str) else "ok"
+        if status == "timeout":
+            self.event("cell_timeout", index,
+                       f"the cell ran longer than the {self.limits.cell_timeout} s limit and was interrupted")
+        self._current = None
+
+    def called_exit(self, index: Any) -> None:
+        """The notebook called exit() (in cell ``index``, or the running one)."""
+        self.end(Ending.EXIT_CALLED, "the notebook called exit()",
+                 index if isinstance(index, int) and not isinstance(index, bool) else self._current)
+        self._done = True
+
+    def finished(self) -> None:
+        """The runner says the notebook is done."""
+        self._done = True
+
+    def runner_dropped(self, index: Any) -> None:
+        """The runner dropped output of the running cell before sending it."""
+        if index is not None and index == self._current and index not in self.truncated:
+            self.truncate(index)
+
+    # -- the runner's messages about the cells (run_protocol.Conversation.handle hands them over) --
+    def on_cell_start(self, message: dict) -> None:
+        self.start_cell(message.get("index"))
+
+    def on_output(self, message: dict) -> None:
+        self.add_output(message.get("index"), message.get("output"))
+
+    def on_truncated(self, message: dict) -> None:
+        self.runner_dropped(message.get("index"))
+
+    def on_cell_end(self, message: dict) -> None:
+        self.end_cell(message.get("index"), message.get("execution_count"), message.get("status"))
+
+    def on_exit(self, message: dict) -> None:
+        self.called_exit(message.get("index"))
+
+    def on_done(self, message: dict) -> None:
+        self.finished()
 
     def event(self, kind: str, index: int | None, message: str) -> None:
         cell = self.cells[index] if index is not None and 0 <= index < len(self.cells) else {}
@@ -67,7 +146,7 @@ class Transcript:
                                               "the rest was dropped")
 
     def add_output(self, index: Any, output: Any) -> None:
-        if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self.current:
+        if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self._current:
             return
         if is_test_cell(self.cells[index]):
             return  # a test cell shows the grader's report only
@@ -134,6 +213,12 @@ class Transcript:
         if not self.done and self.ending is None:
             self.ending, self.reason = Ending.STOPPED, "the notebook stopped"
         cell_errors(self)
+
+
+CELL_MESSAGES: dict[str, Callable[[Transcript, dict], None]] = {
+    "cell_start": Transcript.on_cell_start, "output": Transcript.on_output, "truncated": Transcript.on_truncated,
+    "cell_end": Transcript.on_cell_end, "exit": Transcript.on_exit, "done": Transcript.on_done,
+}
 
 
 def exit_words(code: int | None) -> str:

@@ -29,6 +29,7 @@ from typing import Protocol
 from ..course.problems import problem
 from ..doors.outbound import clean_text
 from ..sealing import container, sandbox
+from ..sealing.isolation import Isolation
 from ..sealing.zygote import Child, Zygote
 from .handoffs import Job
 from .run_transcript import Transcript
@@ -73,7 +74,7 @@ class Supervisor(Protocol):
 class Seal:
     """One way of sealing a notebook off (the run's ``isolation`` is :attr:`isolation`)."""
 
-    isolation = "bubblewrap"
+    isolation = Isolation.BUBBLEWRAP
     how = ""  # the way within it, for the run's summary
     syscall_filter = "required"
 
@@ -116,11 +117,12 @@ class FreshSandbox(Seal):
         self.how = "a fresh sandbox per notebook" + (f" ({why})" if why else "")
 
     def start(self, run: Supervisor, channel: socket.socket) -> Started:
+        floor = _floor(run)
         argv = sandbox.command(RUNNER, run.course_copy, run.job_dir, run.limits, run.uid, channel.fileno(),
                                gpu=run.job.get("gpu", False), threads=run.job.get("threads", 1))
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         return self._popen(run, argv, env, run.job_dir, channel,
-                           functools.partial(sandbox.apply_limits, run.limits, _floor(run)))
+                           functools.partial(sandbox.apply_limits, run.limits, floor))
 
 
 class Forked(Seal):
@@ -147,7 +149,7 @@ class Forked(Seal):
 
 
 class Contained(Seal):
-    isolation = "container"
+    isolation = Isolation.CONTAINER
     how = "as the container's student user"
     syscall_filter = "where_possible"
 
@@ -181,7 +183,7 @@ class Contained(Seal):
 
 
 class Unsealed(Seal):
-    isolation = "none"
+    isolation = Isolation.NONE
     how = "without a seal"
     syscall_filter = "off"
 
@@ -202,11 +204,12 @@ class Unsealed(Seal):
                            functools.partial(sandbox.apply_limits, run.limits, _floor(run)))
 
 
-def seal_for(isolation: str, zygote: Zygote | None, why_not_zygote: str = "") -> Seal:
+def seal_for(isolation: Isolation, zygote: Zygote | None, why_not_zygote: str = "") -> Seal:
     """The seal of a run with ``isolation`` (autograder/sealing/isolation.py), forked from
     ``zygote`` where there is one."""
-    if isolation == "none":
-        return Unsealed()
-    if isolation == "container":
-        return Contained()
+    if isolation in _ONE_WAY:
+        return _ONE_WAY[isolation]()
     return Forked(zygote) if zygote is not None else FreshSandbox(why_not_zygote)
+
+
+_ONE_WAY: dict[Isolation, type[Seal]] = {Isolation.CONTAINER: Contained, Isolation.NONE: Unsealed}

@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Iterable
 
 from ..course.problems import problem
-from ..inside.cells import cell_label, nbgrader_meta
+from ..inside.cells import cell_label, nbgrader_meta, test_id_of
 
 __all__ = ["read_source", "normalise", "find_copies", "forbidden_uses", "MIN_NODES", "THRESHOLD"]
 
@@ -62,7 +62,7 @@ def copied_reference_problems(nb: dict, items: list[str]) -> list[dict]:
                if cell.get("cell_type") == "code" and not nbgrader_meta(cell).get("locked")]
     return [problem("copied_reference", f"{f['where']}: `{f['name']}` closely matches course_lib's reference for "
                                         f"{f['item']} (similarity {f['similarity']:.2f}); check it was not copied",
-                    f"test_{f['item']}") for f in find_copies(sources, items)]
+                    test_id_of(f['item'])) for f in find_copies(sources, items)]
 
 
 class _Normaliser(ast.NodeTransformer):

@@ -15,7 +15,8 @@ from typing import Any
 
 from ..course.problems import problem
 from ..doors.outbound import clean_text
-from ..sealing import isolation, trees
+from ..sealing import trees
+from ..sealing.isolation import Isolation
 from ..sealing.sandbox import SANDBOX_UID_BASE, Limits, SandboxUnavailable
 from ..sealing.zygote import ZygoteFailed, Zygotes, zygote_possible
 from .handoffs import Job, WorkerResult
@@ -106,7 +107,7 @@ def grade_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int = SANDBO
 def _run(job: Job, course_copy: Path, job_dir: Path, uid: int, zygotes: Zygotes | None):
     """The run, forked from a zygote where it can be, else in a sandbox of its own (also when
     the zygote fails to start a child: it is not used again)."""
-    why = zygote_possible(isolation.resolve(job.get("isolation", "")), bool(job.get("gpu"))) if zygotes else "no zygote"
+    why = zygote_possible(Isolation.of(job.get("isolation")), bool(job.get("gpu"))) if zygotes else "no zygote"
     zygote = None
     if not why:
         threads = int(job.get("threads", 1))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..course import Course, read_json
+from ..inside.cells import TEST_PREFIX, item_of
 
 __all__ = ["Grading", "load_gradings", "summarize", "difference_kind"]
 
@@ -197,9 +198,9 @@ def summarize(gradings: list[Grading], names: bool = False) -> dict[str, Any]:
                 with_problems.add(g.student)
                 kinds.update(set(g.problems))
             for cell, (score, max_score) in g.cells.items():
-                if not cell.startswith("test_"):
+                if not cell.startswith(TEST_PREFIX):
                     continue
-                item = cell.removeprefix("test_")
+                item = item_of(cell)
                 entry = items.setdefault(item, {"item": item, "notebook": g.notebook, "points": max_score,
                                                 "full": 0, "partial": 0, "none": 0, "not_attempted": 0,
                                                 "subchecks": {}})

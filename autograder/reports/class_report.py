@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..course import Course, write_json_atomic
-from ..doors.outbound import CSP_META, write_csv
+from ..doors.allowlist import CSP_META
+from ..doors.outbound import write_csv
 from .class_data import load_gradings, summarize
 from .class_plots import heatmap_plot, items_plot, mistakes_plot, score_plot
 

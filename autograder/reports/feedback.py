@@ -38,7 +38,10 @@ from traitlets.config import Config
 from ..course import Course, read_json
 from ..course.problems import INSTRUCTOR_ONLY, problem
 from ..doors.intake import shown
-from ..doors.outbound import IMAGE_TYPES, SafeHTMLExporter, clean_output, with_csp
+from ..doors.allowlist import with_csp
+from ..doors.outbound import IMAGE_TYPES, SafeHTMLExporter, clean_output
+from ..inside.cells import item_of
+from ..inside.limits import vm_size
 
 __all__ = ["generate_feedback", "grading_notes", "SOURCE_SHOWN"]
 
@@ -243,17 +246,9 @@ def _nbgrader_feedback(course: Course, assignment: str, student: str, budget_mb:
         raise RuntimeError(errors[0] if errors else str(exc)) from None
 
 
-def _vm_size() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _bounded_child(conn, target, args, memory_mb: int) -> None:
     try:
-        limit = _vm_size() + memory_mb * 2**20  # on top of what this process already maps
+        limit = vm_size() + memory_mb * 2**20  # on top of what this process already maps
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         target(*args)
         conn.send("")
@@ -332,7 +327,7 @@ def _readable(text: str) -> str:
     """nbgrader's table of contents says "Test cell" for every test: name each item (grade ids
     are checked to be plain names before a page is rendered), and wrap long lines."""
     text = re.sub(r'<a href="#([A-Za-z0-9_-]+)">(Test cell|Written response|Coding free-response)</a>',
-                  lambda m: f'<a href="#{m.group(1)}">{_TOC[m.group(2)].format(m.group(1).removeprefix("test_"))}</a>',
+                  lambda m: f'<a href="#{m.group(1)}">{_TOC[m.group(2)].format(item_of(m.group(1)))}</a>',
                   text)
     return text.replace("</head>", _WRAP + "\n</head>", 1)
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import nbformat
 
-from ..doors.outbound import SafeHTMLExporter, with_csp
+from ..doors.allowlist import with_csp
+from ..doors.outbound import SafeHTMLExporter
 
 __all__ = ["notebook_html", "widget_outputs"]
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..course import Course, CourseError
 from ..doors.intake import shown
-from ..doors.outbound import CSP_META, sanitize, write_csv
+from ..doors.allowlist import CSP_META, sanitize
+from ..doors.outbound import write_csv
 from .similarity import DEFAULT_THRESHOLD, ClassAnswers, ItemResult, compare_class, read_class
 from .similarity_index import REFERENCE
 from .similarity_tokens import MAX_CHARS, Tokens

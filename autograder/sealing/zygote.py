@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from . import sandbox
+from .isolation import Isolation
 from .sandbox import Limits, SandboxUnavailable
 
 __all__ = ["Zygote", "Zygotes", "Child", "ZygoteFailed", "zygote_possible", "ZYGOTE"]
@@ -43,11 +44,11 @@ class ZygoteFailed(SandboxUnavailable):
     """The zygote did not start, or did not start a child (the message says why)."""
 
 
-def zygote_possible(isolation: str, gpu: bool) -> str:
+def zygote_possible(isolation: Isolation, gpu: bool) -> str:
     """Why a job cannot be forked from a zygote ("" when it can): only in bubblewrap, as root,
     without a GPU (the zygote never initialises CUDA; a GPU run keeps its own sandbox)."""
-    if isolation != "bubblewrap":
-        return f"the {isolation} seal starts each run itself"
+    if not isolation.namespaces:
+        return f"the {isolation.value} seal starts each run itself"
     if os.geteuid() != 0:
         return "the grader does not run as root (an unprivileged user namespace cannot mount a fresh /proc)"
     if gpu:

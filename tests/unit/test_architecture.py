@@ -1,7 +1,7 @@
 """The shape of the code, checked: what runs with the student's code is one folder that
 imports nothing of the trusted side and is all the sandbox sees of the autograder; the
 autograder's folders stand one on another (doors, course, sealing, pipeline, reports,
-platforms, then ``cli.py``) and none imports a folder above it; ``course_lib`` and
+platforms, commands, then ``cli.py``) and none imports a folder above it; ``course_lib`` and
 ``autograder`` have no import cycle and reach no other module's private names (imported, or
 as ``module._name``)."""
 
@@ -19,7 +19,7 @@ INSIDE = ROOT / "autograder" / "inside"
 COPIED_INTO_COURSE_LIB = {"grading_init.py", "reference_stubs.py"}
 # The autograder's folders, bottom to top: a module imports its own folder and those below it
 # (``inside/`` imports none: it runs with the student's code); ``cli.py`` stands on all of them.
-FOLDERS = ("inside", "doors", "course", "sealing", "pipeline", "reports", "platforms")
+FOLDERS = ("inside", "doors", "course", "sealing", "pipeline", "reports", "platforms", "commands")
 TOP = {"autograder", "autograder.cli"}
 
 

@@ -206,7 +206,7 @@ def test_output_past_the_cell_cap_is_cut_with_one_notice_and_one_problem():
     from autograder.pipeline.run_transcript import Transcript
     cells = [{"cell_type": "code", "source": "print('x' * 10**6)", "metadata": {}}]
     run = Transcript(cells, Limits(max_output_kb=1))
-    run.current = 0
+    run.start_cell(0)
     for _ in range(3):
         run.add_output(0, {"output_type": "stream", "name": "stdout", "text": "x" * 700})
     texts = [o["text"] for o in run.outputs[0]]

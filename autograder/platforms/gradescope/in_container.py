@@ -133,7 +133,7 @@ def grade_submission(root: Path, env: dict[str, str] | None = None) -> dict:
         # as asked, or (auto) bubblewrap where it starts, else container mode (as root), else none
         isolation = resolve(env.get("WORKBOOK_ISOLATION") or "auto", setting="WORKBOOK_ISOLATION")
         user_name = env.get("WORKBOOK_STUDENT_USER") or DEFAULT_USER
-        if isolation == "container":
+        if isolation.one_user:
             try:
                 uid = pwd.getpwnam(user_name).pw_uid  # (a missing user: autograde says how to make one)
             except KeyError:
@@ -151,12 +151,12 @@ def grade_submission(root: Path, env: dict[str, str] | None = None) -> dict:
             results.setdefault("extra_data", {})["cleanup"] = left
     results.update(execution_time=int(round(time.monotonic() - started)), output_format="text",
                    test_output_format="text", test_name_format="text", stdout_visibility="hidden")
-    results.setdefault("extra_data", {})["isolation"] = isolation
+    results.setdefault("extra_data", {})["isolation"] = getattr(isolation, "value", isolation)
     text = json.dumps(results, indent=1, ensure_ascii=False, allow_nan=False)
     tmp = results_path.with_name(".results.json.tmp")
     tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, results_path)
-    print(f"results.json written: {results['score']:g} points, isolation {isolation or 'none'}, "
+    print(f"results.json written: {results['score']:g} points, isolation {getattr(isolation, 'value', isolation) or 'none'}, "
           f"{results['execution_time']} s")
     return results
 

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from ...course import Course, read_json
+from ...inside.cells import item_of
 
 __all__ = ["results_for", "score_number", "plain_text", "MAX_OUTPUT"]
 
@@ -121,7 +122,7 @@ def results_for(course: Course, assignment: str, student: str, hidden_visibility
                                   "number": str(number), "visibility": "visible",
                                   "output": plain_text(answer or "(no answer was written)")})
                     continue
-                item = gid.removeprefix("test_")
+                item = item_of(gid)
                 got = scores.get(gid, float(cells.get(gid, {}).get("score", 0.0)))
                 for which, earned, max_score, output in _parts(item, items.get(item), got, points):
                     label = "visible checks (as in your notebook)" if which == "visible" else "hidden checks"
