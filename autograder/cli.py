@@ -8,11 +8,14 @@
     workbook collect SOURCE [-a ASSIGNMENT]   import submissions (folder, LMS download, zip)
     workbook collect --exchange ASSIGNMENT    import them from nbgrader's exchange (a hub)
     workbook autograde [ASSIGNMENT ...]       grade in parallel, each submission sealed off
+    workbook regrade [ASSIGNMENT ...]         grade again after a fix to the course; what moved, as a CSV
+                                              and a page (-s, --item, --dry-run, --keep-higher, --note)
     workbook feedback [ASSIGNMENT ...] [-j N] per-student HTML (no hidden test code)
     workbook export [-o FILE]                 grades CSV: every notebook and the total
     workbook export --format canvas --roster EXPORT.csv   an LMS's grade import (canvas, moodle, blackboard)
     workbook gradescope ASSIGNMENT -o ZIP     the assignment as a Gradescope autograder
     workbook status [ASSIGNMENT ...]          students × notebooks, with the problems
+                                              (--history STUDENT: how each of their scores came to be)
     workbook due [ASSIGNMENT [DATE]]          show or set due dates (late work: nbgrader's penalty)
     workbook report [ASSIGNMENT ...]          what the class got wrong: an HTML page, JSON, CSV
                                               (--names: show student ids; default: numbered)
@@ -69,6 +72,28 @@ def _command(sub: argparse._SubParsersAction, name: str, handler: Callable[..., 
     return p
 
 
+def _grading_arguments(p: argparse.ArgumentParser) -> None:
+    """What ``autograde`` and ``regrade`` share: which submissions, the limits, where to grade."""
+    p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
+    p.add_argument("-s", "--student", action="append", help="only this student (repeatable)")
+    # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/course/settings.py)
+    p.add_argument("-j", "--workers", type=_positive, help="worker processes (default: one per core)")
+    p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
+    p.add_argument("--notebook-timeout", type=_positive, help="seconds per notebook (default 1800)")
+    p.add_argument("--memory-mb", type=_memory,
+                   help="address-space limit of a notebook in MB (default 4096, none with --gpu: CUDA reserves "
+                        "a large address space; 0: none)")
+    p.add_argument("--max-output-kb", type=_positive, help="output kept per cell (default 256)")
+    p.add_argument("--threads", type=_positive, help="CPU threads per notebook (default 1)")
+    p.add_argument("--gpu", action="store_true", help="let submissions use the NVIDIA GPUs (checks run on CUDA)")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="grade without the bubblewrap sandbox (every grade is marked unverified)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="grade on the Dask cluster of this scheduler (e.g. tcp://10.0.0.5:8786; default: "
+                        "c.Workbook.scheduler in nbgrader_config.py, else local processes)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbook", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -113,26 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timezone", help="the zone of times without one (zip entries, LMS names; default UTC)")
 
     p = _command(sub, "autograde", grading.autograde, help="autograde submissions in parallel")
-    p.add_argument("assignments", nargs="*", help="default: every assignment with submissions")
-    p.add_argument("-s", "--student", action="append", help="only this student (repeatable)")
-    # each limit's default comes from c.Workbook.<name> in nbgrader_config.py (autograder/course/settings.py)
-    p.add_argument("-j", "--workers", type=_positive, help="worker processes (default: one per core)")
-    p.add_argument("--cell-timeout", type=_positive, help="seconds per cell (default: Execute.timeout of the config)")
-    p.add_argument("--notebook-timeout", type=_positive, help="seconds per notebook (default 1800)")
-    p.add_argument("--memory-mb", type=_memory,
-                   help="address-space limit of a notebook in MB (default 4096, none with --gpu: CUDA reserves "
-                        "a large address space; 0: none)")
-    p.add_argument("--max-output-kb", type=_positive, help="output kept per cell (default 256)")
-    p.add_argument("--threads", type=_positive, help="CPU threads per notebook (default 1)")
+    _grading_arguments(p)
     p.add_argument("--force", action="store_true",
                    help="grade again submissions already graded with the same notebook, course and limits")
-    p.add_argument("--gpu", action="store_true", help="let submissions use the NVIDIA GPUs (checks run on CUDA)")
-    p.add_argument("--unsafe-no-sandbox", action="store_true",
-                   help="grade without the bubblewrap sandbox (every grade is marked unverified)")
-    p.add_argument("--scheduler", metavar="ADDRESS",
-                   help="grade on the Dask cluster of this scheduler (e.g. tcp://10.0.0.5:8786; default: "
-                        "c.Workbook.scheduler in nbgrader_config.py, else local processes)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = _command(sub, "regrade", grading.regrade, help="grade submissions again with the course as it is now (after a "
+                                                      "fix to a check, a reference or a hidden test) and report what "
+                                                      "moved: grading/regrades/<time>-<assignment>.csv and .html")
+    _grading_arguments(p)
+    p.add_argument("--item", action="append", metavar="GRADE_ID",
+                   help="only this item's points change (repeatable; causal_mask or test_causal_mask)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="grade into a scratch copy of the gradebook: report what would change, write nothing")
+    p.add_argument("--keep-higher", action="store_true", help="never lower an item's points (said in the report)")
+    p.add_argument("--note", help="shown on the feedback of each student whose points moved")
 
     p = _command(sub, "feedback", grading.feedback, checks_assignments=True, help="write per-student feedback HTML")
     p.add_argument("assignments", nargs="*")
@@ -176,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "would not fit the terminal)")
     p.add_argument("assignments", nargs="*")
     p.add_argument("--wide", action="store_true", help="one table, however wide")
+    p.add_argument("--history", metavar="STUDENT",
+                   help="how each of STUDENT's scores came to be: every grade recorded, when, by which course")
 
     p = _command(sub, "due", results.due, help="show the due dates, or set one (late work is marked, and penalised as "
                                    "nbgrader_config.py says)")

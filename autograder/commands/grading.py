@@ -1,6 +1,6 @@
 """The commands of grading, in the order a course runs them: ``release``, ``collect``,
-``autograde``, ``feedback``. Each takes the course, the parsed arguments and the options it
-passes on, and returns the exit status."""
+``autograde``, ``feedback``, and ``regrade`` after a fix to the course. Each takes the course,
+the parsed arguments and the options it passes on, and returns the exit status."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from ..course import Course, CourseError
 from ..doors.intake import shown
 
-__all__ = ["release", "collect", "autograde", "feedback"]
+__all__ = ["release", "collect", "autograde", "regrade", "feedback"]
 
 
 def release(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
@@ -71,7 +71,9 @@ def collect(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
     return 1 if result.errors or result.rejected else 0
 
 
-def autograde(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
+def _grading(course: Course, args: argparse.Namespace, force: bool):
+    """The assignments to grade and how (``autograde``'s and ``regrade``'s options), the sandbox
+    checked, the workers warming up."""
     from ..course.settings import workbook_settings
     from ..pipeline.dispatch import warm_up
     from ..pipeline.options import GradingOptions
@@ -82,10 +84,9 @@ def autograde(course: Course, args: argparse.Namespace, extra: list[str]) -> int
     settings = workbook_settings(course, workers=args.workers, cell_timeout=args.cell_timeout,
                                  notebook_timeout=args.notebook_timeout, memory_mb=args.memory_mb,
                                  max_output_kb=args.max_output_kb, threads=args.threads, scheduler=args.scheduler)
-    options = GradingOptions.from_settings(course, settings, students=args.student, gpu=args.gpu, force=args.force,
+    options = GradingOptions.from_settings(course, settings, students=args.student, gpu=args.gpu, force=force,
                                            unsafe_no_sandbox=args.unsafe_no_sandbox)
     warm_up(options)  # the workers' fork server imports torch and the checks while this process does too
-    from ..pipeline.autograde import autograde_assignments
     if args.unsafe_no_sandbox:
         print("warning: grading WITHOUT the sandbox: submissions' code runs with your privileges; every grade "
               "written is marked unverified.", file=sys.stderr)
@@ -98,18 +99,29 @@ def autograde(course: Course, args: argparse.Namespace, extra: list[str]) -> int
     course.check_assignments(args.assignments, released=True)
     for assignment in assignments:
         course.check_submitted(assignment, args.student)
+    return assignments, options
+
+
+def _bar(course: Course, args: argparse.Namespace, assignments: list[str], verb: str):
+    """A progress bar of the notebooks to grade (None with --quiet)."""
+    if args.quiet:
+        return None
+    from tqdm.auto import tqdm
+    from ..course.release import recorded_notebooks
+    total = sum(len(args.student or course.submitted_students(a)) * len(recorded_notebooks(course, a))
+                for a in assignments)
+    what = assignments[0] if len(assignments) == 1 else f"{len(assignments)} assignments"
+    return tqdm(total=total, desc=f"{verb} {what}", unit="notebook")
+
+
+def autograde(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
+    assignments, options = _grading(course, args, args.force)
+    from ..pipeline.autograde import autograde_assignments
     counts = {a: {"kept": 0, "graded": 0} for a in assignments}
     sealed: dict[str, dict[str, int]] = {a: {} for a in assignments}  # how the notebooks graded now were sealed
-    bar = None
-    if not args.quiet:
-        from tqdm.auto import tqdm
-        from ..pipeline.cluster import WorkerTally
-        from ..course.release import recorded_notebooks
-        total = sum(len(args.student or course.submitted_students(a)) * len(recorded_notebooks(course, a))
-                    for a in assignments)
-        what = assignments[0] if len(assignments) == 1 else f"{len(assignments)} assignments"
-        bar = tqdm(total=total, desc=f"autograde {what}", unit="notebook")
-        tally = WorkerTally()
+    bar = _bar(course, args, assignments, "autograde")
+    from ..pipeline.cluster import WorkerTally
+    tally = WorkerTally()
 
     def show(record: dict) -> None:
         counts[record["assignment"]]["kept" if record.get("status") == "kept" else "graded"] += 1
@@ -137,6 +149,40 @@ def autograde(course: Course, args: argparse.Namespace, extra: list[str]) -> int
                         print(f"  REJECTED {report['student']} {record['notebook']}: {shown(p['message'], 400)}")
         for why in course.refused_folders(assignment):
             print(f"  NOT GRADED {shown(why, 400)}")
+    return 0
+
+
+def regrade(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
+    from ..pipeline.regrade import regrade as regrading
+    from ..reports.regrade_report import write_regrade_report
+    assignments, options = _grading(course, args, True)
+    bar = _bar(course, args, assignments, "regrade (dry run)" if args.dry_run else "regrade")
+
+    def show(record: dict) -> None:
+        if bar is not None and record.get("status") != "kept":
+            bar.update(1)
+    outcomes = regrading(course, assignments, options, students=args.student, items=args.item, dry_run=args.dry_run,
+                         keep_higher=args.keep_higher, note=args.note or "", progress=show)
+    if bar is not None:
+        bar.close()
+    for outcome in outcomes:
+        csv_path, page = write_regrade_report(course, outcome)
+        print(shown(outcome.summary(), 2000))
+        for change in outcome.moved[:20]:
+            print(f"  {shown(change.student, 64)} {shown(change.item, 80)}: {change.old_points:g} → "
+                  f"{change.new_points:g}" + (f" ({shown(change.new_mistake, 120)})" if change.new_mistake else ""))
+        if len(outcome.moved) > 20:
+            print(f"  … and {len(outcome.moved) - 20} more")
+        print(f"  report: {csv_path} and {page.name}")
+        for export in outcome.stale_exports:
+            print(f"  STALE: {shown(export, 400)} was exported before this regrade; export again")
+        if not args.dry_run and outcome.moved:
+            from ..reports.feedback import generate_feedback
+            from ..reports.similarity import default_jobs
+            moved = sorted({c.student for c in outcome.moved})
+            written = generate_feedback(course, outcome.assignment, moved, workers=args.workers or default_jobs())
+            print(f"  feedback rewritten for {len(written)} students whose points moved (what changed"
+                  + (", and your note)" if outcome.note else ")"))
     return 0
 
 

@@ -28,7 +28,9 @@ def export(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
         _wrote(write_csv(io.StringIO(), rows, columns), Path("-"), True)
         return 0
     text = export_csv(course, args.output, args.assignments or None)
-    _wrote(text, Path(args.output) if args.output else course.grading_dir / "grades.csv", False)
+    target = Path(args.output) if args.output else course.grading_dir / "grades.csv"
+    _wrote(text, target, False)
+    _noted(course, text, target, "csv", args.assignments)
     return 0
 
 
@@ -45,9 +47,24 @@ def _lms_export(course: Course, args: argparse.Namespace) -> int:
     text, notes = lms_export(course, args.format, args.roster, args.assignments or None, explicit, target,
                              write=not to_terminal)
     _wrote(text, target or course.grading_dir / f"grades-{args.format}.csv", to_terminal)
+    if not to_terminal:
+        _noted(course, None, target or course.grading_dir / f"grades-{args.format}.csv", args.format, args.assignments)
     for note in notes:
         print(f"{args.format}: {note}", file=sys.stderr)
     return 0
+
+
+def _noted(course: Course, text: str | None, target: Path, format: str, assignments: list[str] | None) -> None:
+    """The export remembered with the students it holds (the CSV's, or everyone who handed one of
+    the assignments in), for a later regrade to say it is stale."""
+    from ..course.exports import note_export
+    if text is not None:
+        students = [row.get("student", "") for row in csv.DictReader(io.StringIO(text))]
+    else:
+        with course.gradebook() as gb:
+            names = assignments or [a.name for a in gb.assignments]
+        students = sorted({s for a in names for s in course.submitted_students(a)})
+    note_export(course, target, format, assignments or None, [s for s in students if s])
 
 
 def _wrote(text: str, target: Path, to_terminal: bool) -> None:
@@ -61,7 +78,10 @@ def _wrote(text: str, target: Path, to_terminal: bool) -> None:
 
 
 def status(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
-    from ..reports.status import status_table
+    from ..reports.status import history_table, status_table
+    if args.history:
+        print(history_table(course, args.history, args.assignments or None))
+        return 0
     print(status_table(course, args.assignments or None, wide=args.wide))
     return 0
 

@@ -134,6 +134,22 @@ class Course:
         self.config: Config = loader.load_config()
         self.config.CourseDirectory.root = str(self.root)
         self.coursedir = CourseDirectory(config=self.config)
+        self._grading: Path | None = None  # set by writing_to
+
+    def writing_to(self, where: Path) -> "Course":
+        """This course as it is (its sources, releases, submissions and settings), with all that
+        grading writes under ``where`` instead: the gradebook (a SQLite file there), the autograded
+        notebooks, the grading reports, feedback and the locks. A dry run's course."""
+        import copy
+
+        elsewhere = copy.copy(self)
+        elsewhere.config = copy.deepcopy(self.config)
+        elsewhere.config.CourseDirectory.db_url = f"sqlite:///{where / 'grading' / 'gradebook.db'}"
+        elsewhere.config.CourseDirectory.autograded_directory = str(where / "autograded")
+        elsewhere.config.CourseDirectory.feedback_directory = str(where / "feedback")
+        elsewhere.coursedir = CourseDirectory(config=elsewhere.config)
+        elsewhere._grading = where / "grading"
+        return elsewhere
 
     # -- folders ----------------------------------------------------------
     def _dir(self, name: str) -> Path:
@@ -162,7 +178,7 @@ class Course:
     @property
     def grading_dir(self) -> Path:
         """Where the workbook's own records live (next to nbgrader's folders)."""
-        return self.submitted_dir.parent
+        return self._grading or self.submitted_dir.parent
 
     @property
     def reports_dir(self) -> Path:
@@ -220,6 +236,23 @@ class Course:
         self.grading_dir.mkdir(parents=True, exist_ok=True)
         with open_gradebook(self.db_url, self.course_id) as gb:
             yield gb
+
+    def gradebook_rows(self, assignment: str) -> list[tuple]:
+        """(student, notebook, grade id, auto, manual, extra credit, max, needs a person, the cell's
+        kind) for every grade of the assignment, in one query."""
+        from nbgrader.api import Assignment, BaseCell, Grade, Notebook, SubmittedAssignment, SubmittedNotebook
+
+        with self.gradebook() as gb:
+            query = (gb.db.query(SubmittedAssignment.student_id, Notebook.name, BaseCell.name, Grade.auto_score,
+                                 Grade.manual_score, Grade.extra_credit, Grade.max_score, Grade.needs_manual_grade,
+                                 BaseCell.type)
+                     .join(SubmittedNotebook, Grade.notebook_id == SubmittedNotebook.id)
+                     .join(Notebook, SubmittedNotebook.notebook_id == Notebook.id)
+                     .join(SubmittedAssignment, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
+                     .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
+                     .join(BaseCell, Grade.cell_id == BaseCell.id)
+                     .filter(Assignment.name == assignment))
+            return [tuple(row) for row in query.all()]
 
     def gradebook_ready(self) -> tuple[bool, str]:
         """Whether the gradebook opens (a SQLite file is made by the first ``workbook

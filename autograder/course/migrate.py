@@ -6,13 +6,15 @@ would start an empty gradebook while the old one holds every grade: every ``work
 command refuses that state (:func:`check_switch`) and names both databases, and
 :func:`migrate` copies every row of nbgrader's tables (students, assignments, notebooks,
 cells, submissions, grades, comments) into the new one, which must be empty. Rows keep
-their ids (nbgrader's primary keys are strings, so no sequence needs moving).
+their ids (nbgrader's primary keys are strings, so no sequence needs moving); the workbook's
+history of grades (autograder/course/history.py) follows, numbered anew by the new database.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from . import history
 from .course import Course, CourseError, open_gradebook
 
 __all__ = ["default_sqlite_url", "migrate", "check_switch", "row_counts"]
@@ -83,4 +85,20 @@ def migrate(course: Course, source: str | None = None, target: str | None = None
                 new.db.execute(insert(table), rows)
             copied[table.name] = len(rows)
         new.db.commit()
+        copied[history.HISTORY.name] = _copy_history(old, new)
     return copied
+
+
+def _copy_history(old, new) -> int:
+    """The history of grades, oldest first, if the old gradebook has one."""
+    from sqlalchemy import insert, inspect, select
+
+    history.ensure(new)
+    if not inspect(old.db.get_bind()).has_table(history.HISTORY.name):
+        return 0
+    rows = [{k: v for k, v in r.items() if k != "id"}
+            for r in old.db.execute(select(history.HISTORY).order_by(history.HISTORY.c.id)).mappings()]
+    if rows:
+        new.db.execute(insert(history.HISTORY), rows)
+        new.db.commit()
+    return len(rows)

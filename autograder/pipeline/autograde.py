@@ -32,7 +32,7 @@ from ..sealing.isolation import seal
 from .dispatch import cool_down, dispatch, warm_up
 from .options import GradingOptions
 from .prepare import Batch
-from .record import Recorder, writing
+from .record import Recorder, Rescore, writing
 
 __all__ = ["autograde", "autograde_assignments"]
 
@@ -49,12 +49,14 @@ def autograde(course: Course, assignment: str, options: GradingOptions | None = 
 
 
 def autograde_assignments(course: Course, assignments: list[str], options: GradingOptions | None = None,
-                          progress: Callable[[dict], None] | None = None) -> dict[str, list[dict]]:
+                          progress: Callable[[dict], None] | None = None,
+                          rescore: dict[str, Rescore] | None = None) -> dict[str, list[dict]]:
     """Autograde every submission of each of ``assignments`` in one batch of jobs: one set of
     workers for them all (each a Python with torch to start), and a worker that finishes an
     assignment's last notebook takes the next assignment's first. Returns each assignment's
     grading reports, one per student; ``progress(record)`` hears of each notebook (its
-    ``assignment`` named in the record)."""
+    ``assignment`` named in the record); ``rescore``: how a regrade takes the new points, per
+    assignment (autograder/pipeline/regrade.py)."""
     options = options or GradingOptions()
     assignments = list(dict.fromkeys(assignments))
     user = seal(options.sealed_by(), course, options.container_user, options.one_at_a_time())
@@ -72,7 +74,8 @@ def autograde_assignments(course: Course, assignments: list[str], options: Gradi
                 if progress:
                     progress(dict(record, assignment=assignment))
             recorders[assignment] = Recorder(course, assignment, gb, not options.sealed_by().sealed,
-                                             batch.collect_log.get("notes", {}), told)
+                                             batch.collect_log.get("notes", {}), told, batch.digest,
+                                             (rescore or {}).get(assignment))
             recorders[assignment].enroll(batch.handed_in())
             mine = batch.tasks(gb)
             recorders[assignment].record_without_running(mine.values())

@@ -107,6 +107,7 @@ class Batch:
     checksums: dict[str, dict[str, str]]
     intake_rules: IntakeLimits
     container_user: dict | None = None  # container mode's user (autograder/sealing/container.py)
+    digest: str = ""  # the course's fingerprint (autograder/course/manifest.py), in each grade's history
     copies: dict[str, Path] = field(default_factory=dict)
 
     @classmethod
@@ -123,9 +124,10 @@ class Batch:
         collect_log = read_json(course.collect_log_path(assignment), {}) or {}
         secret = course_secret(course)
         sealed_by = options.sealed_by()
+        digest = course_fingerprint(course)
         settings = json.dumps({"limits": options.limits.__dict__, "unsafe": not sealed_by.sealed,
                                "container": sealed_by.one_user, "gpu": options.gpu,
-                               "course": course_fingerprint(course), "secret": hashlib.sha256(secret).hexdigest()[:8]},
+                               "course": digest, "secret": hashlib.sha256(secret).hexdigest()[:8]},
                               sort_keys=True)
         rules = intake_limits(course)
         sweep_stale_scratch()
@@ -134,7 +136,7 @@ class Batch:
             raise CourseError(f"the scratch folder {scratch} is inside the course folder; set TMPDIR elsewhere")
         scratch.chmod(0o711)
         return cls(course, assignment, options, notebooks, students, scratch, secret, settings, collect_log, checksums,
-                   rules, dict(container_user) if container_user else None)
+                   rules, dict(container_user) if container_user else None, digest)
 
     def clean(self) -> None:
         trees.remove_tree(self.scratch)  # (the jobs' folders, which the submissions' code wrote in)

@@ -5,7 +5,10 @@ are the grader's, never read from an output; late penalties by nbgrader's own pl
 the trusted submission time), the autograded notebook, and the student's grading report
 (``grading/reports/<assignment>/<student>.json``) with every problem found. Each result is
 written as soon as it arrives (:class:`Recorder`), so an interrupted batch keeps what it
-finished. One batch at a time writes (:func:`exclusive`).
+finished; a notebook's grades, penalty and history commit together (:func:`one_transaction`),
+so a grader killed half-way leaves each submission's old grades or its new ones, never a mix.
+A regrade says how new points are taken (:class:`Rescore`). One batch at a time writes
+(:func:`exclusive`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import re
 import warnings
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 import nbformat
@@ -26,29 +30,69 @@ from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
 from nbformat import NotebookNode
 
 from ..course import Course, CourseError, read_json, with_retry, write_json_atomic
+from ..course import history
 from ..course.problems import problem
 from ..doors.intake import scrub
 from ..inside.cells import test_id_of
 from .handoffs import Task, WorkerResult
 
-__all__ = ["Recorder", "writing", "exclusive", "TrustedAutoGrades", "zero_grades", "write_result", "save_grading_report",
-           "exchange_secret"]
+__all__ = ["Recorder", "Rescore", "writing", "exclusive", "one_transaction", "TrustedAutoGrades", "zero_grades",
+           "write_result", "save_grading_report", "note_regrade", "exchange_secret"]
 
 _QUIET = logging.getLogger("autograder.quiet")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
 
+@dataclass
+class Rescore:
+    """How a regrade takes a notebook's new points (autograder/pipeline/regrade.py): the points
+    each test cell had before it (``old``: (student, notebook) -> grade_id -> points), only the
+    cells of ``cells`` changed (None: all), none lowered with ``keep_higher``. What it kept is
+    said in the notebook's record (``regrade``)."""
+
+    old: dict[tuple[str, str], dict[str, float]]
+    cells: set[str] | None = None
+    keep_higher: bool = False
+    note: str = ""
+    when: str = ""  # when the regrade began (UTC), in each record it writes
+    kept: dict[tuple[str, str], dict[str, dict]] = field(default_factory=dict)
+
+    def scores(self, student: str, notebook: str, new: dict[str, float]) -> dict[str, float]:
+        """The points to record for each test cell, given the new run's."""
+        old = self.old.get((student, notebook), {})
+        out, kept = dict(new), {}
+        for gid, points in new.items():
+            before = old.get(gid)
+            if before is None:
+                continue
+            if self.cells is not None and gid not in self.cells:
+                out[gid], kept[gid] = before, {"new": points, "why": "not among --item"}
+            elif self.keep_higher and points < before:
+                out[gid], kept[gid] = before, {"new": points, "why": "kept higher"}
+        self.kept[(student, notebook)] = kept
+        return out
+
+    @property
+    def how(self) -> str:
+        """The history's word for a grade it records."""
+        return "regrade" + (", kept higher" if self.keep_higher else "") + (f": {self.note}" if self.note else "")
+
+
 class Recorder:
     """Records a batch's results in the instructor's process as they arrive: the gradebook
     (``gb``), the autograded notebooks and each student's grading report; ``progress(record)``
-    hears of each notebook. ``notes``: collect's notes, per student."""
+    hears of each notebook. ``notes``: collect's notes, per student; ``digest``: the course's
+    fingerprint, in the history of every grade; ``rescore``: a regrade's way with new points."""
 
     def __init__(self, course: Course, assignment: str, gb: Gradebook, unverified: bool, notes: dict[str, list],
-                 progress: Callable[[dict], None] | None = None) -> None:
+                 progress: Callable[[dict], None] | None = None, digest: str = "",
+                 rescore: Rescore | None = None) -> None:
         self.course, self.assignment, self.gb = course, assignment, gb
         self.unverified, self.notes, self.progress = unverified, notes, progress
+        self.digest, self.rescore = digest, rescore
         self.reports: dict[str, dict] = {}  # student -> grading report
+        history.ensure(gb)
 
     def enroll(self, handed_in: dict[str, dt.datetime | None]) -> None:
         """Each student of the batch and their submission in the gradebook, with the trusted time
@@ -61,15 +105,14 @@ class Recorder:
     def record(self, task: Task, result: WorkerResult | None, worker: str | None = None) -> None:
         """One notebook's result (None: nothing could run, its problems say why)."""
         try:
-            recorded = write_result(self.course, self.gb, task, result, self.unverified)
+            recorded = write_result(self.course, self.gb, task, result, self.unverified, self.digest, self.rescore)
         except Exception as exc:  # one result that cannot be written costs that notebook only
-            self.gb.db.rollback()
             task.problems.append(problem("grader_error", "the grader could not record this notebook "
                                                          f"({type(exc).__name__}: {str(exc)[:200]}); it scores 0"))
-            recorded = write_result(self.course, self.gb, task, None, self.unverified)
+            recorded = write_result(self.course, self.gb, task, None, self.unverified, self.digest, self.rescore)
         self._save(task.student, task.notebook, recorded)
         if self.progress:
-            self.progress(dict(recorded, worker=worker) if worker else recorded)
+            self.progress(dict(recorded, student=task.student, **({"worker": worker} if worker else {})))
 
     def record_without_running(self, tasks: Iterable[Task]) -> None:
         """What is known before anything runs: a notebook graded before with the same inputs
@@ -123,6 +166,47 @@ def exclusive(course: Course, *assignments: str) -> Iterator[None]:
         yield
 
 
+class _Lent:
+    """The recorder's gradebook lent to one of nbgrader's preprocessors, which would open a
+    gradebook of its own: the same session, not closed when the preprocessor is done."""
+
+    def __init__(self, gb: Gradebook) -> None:
+        self._gb = gb
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gb, name)
+
+    def __enter__(self) -> "_Lent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def one_transaction(gb: Gradebook) -> Iterator[None]:
+    """Everything ``gb`` is asked to write meanwhile, committed once at the end (rolled back on
+    an error): nbgrader's ``SaveAutoGrades`` and ``AssignLatePenalties`` each open a gradebook of
+    their own and commit cell by cell; here they are lent ``gb``, whose commits only flush."""
+    from nbgrader.preprocessors import latesubmissions, saveautogrades
+
+    opened = saveautogrades.Gradebook, latesubmissions.Gradebook
+    saveautogrades.Gradebook = latesubmissions.Gradebook = lambda *args, **kwargs: _Lent(gb)
+    session = gb.db
+    session.commit = session.flush  # (an attribute of this session object, removed below)
+    try:
+        yield
+        del session.commit
+        session.commit()
+    except BaseException:
+        session.__dict__.pop("commit", None)
+        session.rollback()
+        raise
+    finally:
+        session.__dict__.pop("commit", None)
+        saveautogrades.Gradebook, latesubmissions.Gradebook = opened
+
+
 class TrustedAutoGrades(SaveAutoGrades):
     """nbgrader's ``SaveAutoGrades`` with the test cells' scores given by the grader
     (``resources["workbook_scores"]``: grade_id -> points), never read from outputs.
@@ -172,9 +256,21 @@ def save_grading_report(course: Course, assignment: str, student: str, notebook:
     return report
 
 
-def write_result(course: Course, gb: Gradebook, task: Task, result: WorkerResult | None,
-                 unverified: bool) -> dict:
-    """Record one notebook's result in the gradebook, the autograded folder and a report."""
+def write_result(course: Course, gb: Gradebook, task: Task, result: WorkerResult | None, unverified: bool,
+                 digest: str = "", rescore: Rescore | None = None) -> dict:
+    """Record one notebook's result in the gradebook (its grades, penalty and history in one
+    transaction), the autograded folder and a report."""
+    with one_transaction(gb):
+        record = _write_result(course, gb, task, result, unverified, rescore)
+        submission = gb.find_submission_notebook(task.notebook, task.assignment, task.student)
+        history.add(gb, task.assignment, task.notebook, task.student,
+                    [(g.name, g.auto_score, g.max_score) for g in submission.grades], digest,
+                    rescore.how if rescore else "autograde")
+    return record
+
+
+def _write_result(course: Course, gb: Gradebook, task: Task, result: WorkerResult | None, unverified: bool,
+                  rescore: Rescore | None) -> dict:
     a, s, n = task.assignment, task.student, task.notebook
     target = course.autograded_path(s, a, n)
     if target.exists():
@@ -192,6 +288,9 @@ def write_result(course: Course, gb: Gradebook, task: Task, result: WorkerResult
     else:
         nb = scrub(nbformat.reads(result["notebook"], as_version=4))
         scores = {c["grade_id"]: c["score"] for c in result["cells"]}
+        if rescore is not None:
+            scores = rescore.scores(s, n, scores)
+            record["regrade"] = {"when": rescore.when, "note": rescore.note, "kept": rescore.kept.get((s, n), {})}
         resources = {"nbgrader": {"notebook": n, "assignment": a, "student": s, "db_url": course.db_url},
                      "workbook_scores": scores}
         zero_grades(gb, n, a, s, keep=set())
@@ -225,6 +324,17 @@ def write_result(course: Course, gb: Gradebook, task: Task, result: WorkerResult
     score, max_score = _notebook_totals(gb, n, a, s)
     record.update(score=score, max_score=max_score, problems=problems)
     return record
+
+
+def note_regrade(course: Course, assignment: str, student: str, entry: dict) -> None:
+    """A regrade that moved the student's points, in their grading report (``regrades``: when, what
+    moved, the instructor's note), which their feedback page shows."""
+    path = course.report_path(assignment, student)
+    report = read_json(path, None)
+    if not isinstance(report, dict):
+        return
+    report.setdefault("regrades", []).append(entry)
+    write_json_atomic(path, report)
 
 
 def exchange_secret(folder: Path) -> str:

@@ -55,24 +55,6 @@ class Grading:
     awaiting: float = 0.0  # points of written answers no person has graded yet
 
 
-def _gradebook_rows(course: Course, assignment: str) -> list[tuple]:
-    """(student, notebook, grade id, auto, manual, extra credit, max, needs a person, the cell's
-    kind) for every grade of the assignment, in one query."""
-    from nbgrader.api import Assignment, BaseCell, Grade, Notebook, SubmittedAssignment, SubmittedNotebook
-
-    with course.gradebook() as gb:
-        query = (gb.db.query(SubmittedAssignment.student_id, Notebook.name, BaseCell.name, Grade.auto_score,
-                             Grade.manual_score, Grade.extra_credit, Grade.max_score, Grade.needs_manual_grade,
-                             BaseCell.type)
-                 .join(SubmittedNotebook, Grade.notebook_id == SubmittedNotebook.id)
-                 .join(Notebook, SubmittedNotebook.notebook_id == Notebook.id)
-                 .join(SubmittedAssignment, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
-                 .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
-                 .join(BaseCell, Grade.cell_id == BaseCell.id)
-                 .filter(Assignment.name == assignment))
-        return [tuple(row) for row in query.all()]
-
-
 def load_gradings(course: Course, assignments: list[str] | None = None) -> list[Grading]:
     """Every graded notebook of ``assignments`` (default: all with reports or grades)."""
     if not assignments:
@@ -81,7 +63,7 @@ def load_gradings(course: Course, assignments: list[str] | None = None) -> list[
     out: list[Grading] = []
     for assignment in assignments:
         by_key: dict[tuple[str, str], Grading] = {}
-        for student, notebook, cell, auto, manual, extra, max_score, needs, kind in _gradebook_rows(course, assignment):
+        for student, notebook, cell, auto, manual, extra, max_score, needs, kind in course.gradebook_rows(assignment):
             g = by_key.setdefault((student, notebook), Grading(assignment, notebook, student, 0.0, 0.0, 0.0, 0.0))
             if needs and manual is None and kind == "MarkdownCell":  # a written answer nobody has graded yet
                 g.awaiting += float(max_score or 0.0)

@@ -148,18 +148,34 @@ class SafeOutputs(NbGraderPreprocessor):
         return cell, resources
 
 
-def grading_notes(record: dict, late: dict | None = None, page_notes: list[str] = ()) -> dict:
+def regrade_words(regrades: list, notebook: str) -> list[str]:
+    """"Regraded on 2026-12-02: item causal_mask 2 → 3 points. NOTE", one line per regrade that
+    moved this notebook's points (the grading report's ``regrades``, autograder/pipeline/regrade.py)."""
+    lines = []
+    for entry in regrades if isinstance(regrades, list) else []:
+        changes = [c for c in entry.get("changes", []) if c.get("notebook") == notebook]
+        if not changes:
+            continue
+        moved = "; ".join(f"item {c['item']} {c['old']:g} → {c['new']:g} points" for c in changes)
+        note = f" {entry['note']}" if entry.get("note") else ""
+        lines.append(f"Regraded on {str(entry.get('when', ''))[:10]}: {moved}.{note}")
+    return lines
+
+
+def grading_notes(record: dict, late: dict | None = None, page_notes: list[str] = (),
+                  regrades: list | None = None) -> dict:
     """What the top of a notebook's feedback page shows (templates/workbook_feedback/
     grading_notes.html.j2): its score (after a late penalty: ``late`` from
-    :func:`lateness`), whether it is unverified, the problems found while grading (flags
-    meant for the instructor left out) and notes on the page itself (outputs left out)."""
+    :func:`lateness`), whether it is unverified, the regrades that moved its points, the
+    problems found while grading (flags meant for the instructor left out) and notes on the
+    page itself (outputs left out)."""
     late = late or {}
     score = record.get("score", 0) - late.get("penalty", 0.0)
     return {"notebook": record["notebook"], "score": f"{score:g}",
             "max_score": f"{record.get('max_score', 0):g}", "unverified": bool(record.get("unverified")),
             "late": late.get("words", ""),
             "problems": [p["message"] for p in record.get("problems", []) if p.get("kind") not in INSTRUCTOR_ONLY],
-            "page_notes": list(page_notes)}
+            "page_notes": list(page_notes), "regrades": regrade_words(regrades or [], record["notebook"])}
 
 
 def lateness(db_url: str, assignment: str, notebook: str, student: str) -> dict:
@@ -201,7 +217,8 @@ class AddGradingNotes(NbGraderPreprocessor):
         record = report.get("notebooks", {}).get(ids["notebook"])
         if record is not None:
             late = lateness(ids["db_url"], ids["assignment"], ids["notebook"], ids["student"])
-            resources["workbook_notes"] = grading_notes(record, late, resources.get("workbook_page_notes", []))
+            resources["workbook_notes"] = grading_notes(record, late, resources.get("workbook_page_notes", []),
+                                                        report.get("regrades"))
         return nb, resources
 
 

@@ -17,7 +17,7 @@ from ..course.problems import FLAGS
 from ..doors.intake import shown
 from .grades import late_words, split_points
 
-__all__ = ["status_table", "missing_words"]
+__all__ = ["status_table", "missing_words", "history_table"]
 
 REJECTED_AT_COLLECT = "REJECTED at collect"
 
@@ -166,3 +166,40 @@ def missing_words(course: Course, assignment: str, names: dict[str, str], import
         return f"{assignment}: every roster student has handed something in"
     listed = ", ".join(course.shown_student(s, names) for s in missing[:8]) + (", …" if len(missing) > 8 else "")
     return f"{assignment}: {len(missing)} roster student{'s' if len(missing) != 1 else ''} without a submission: {listed}"
+
+
+def history_table(course: Course, student: str, assignments: list[str] | None = None) -> str:
+    """``workbook status --history STUDENT``: how each of the student's scores came to be, every
+    grade the autograder recorded for each graded cell (when, by which course, how: autograde or
+    a regrade and its note), then the score as it counts now (a person's over the autograder's)."""
+    from ..course import history
+    with course.gradebook() as gb:
+        rows = [r for r in history.history(gb, student) if not assignments or r["assignment"] in assignments]
+    if not rows:
+        return f"no grades recorded for {course.shown_student(student)}" + (
+            f" in {', '.join(assignments)}" if assignments else "")
+    now = {}
+    for a in sorted({r["assignment"] for r in rows}):
+        for s, notebook, cell, auto, manual, extra, max_score, *_ in course.gradebook_rows(a):
+            if s == student:
+                now[(a, notebook, cell)] = (manual, auto, extra, max_score)
+    lines = [f"how the scores of {course.shown_student(student)} came to be (UTC):"]
+    last = None
+    for k, r in enumerate(rows):
+        where = (r["assignment"], r["notebook"])
+        if where != last:
+            lines.append(f"{shown(r['assignment'], 80)} / {shown(r['notebook'], 80)}")
+            last = where
+        points = "—" if r["points"] is None else f"{r['points']:g}"
+        of = "" if r["max_points"] is None else f" / {r['max_points']:g}"
+        lines.append(f"  {shown(r['cell'], 40):<40} {r['recorded_at']:%Y-%m-%d %H:%M}  {points}{of}  "
+                     f"{shown(r['how'], 200)} (course {r['course'][:8]})")
+        following = rows[k + 1] if k + 1 < len(rows) else None
+        if following is None or (following["assignment"], following["notebook"], following["cell"]) != \
+                (r["assignment"], r["notebook"], r["cell"]):
+            manual, auto, extra, _max = now.get((r["assignment"], r["notebook"], r["cell"]), (None, None, None, None))
+            if manual is not None or extra:
+                counted = (manual if manual is not None else (auto or 0.0)) + (extra or 0.0)
+                lines.append(f"  {'':<40} now {counted:g}: set by a person (manual grade"
+                             + (f", {extra:g} extra credit" if extra else "") + ")")
+    return "\n".join(lines)

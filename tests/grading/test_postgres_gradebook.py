@@ -69,7 +69,52 @@ def postgres_class(tmp_path_factory):
         with course.gradebook() as gb:
             state["scores"] = {(sub.assignment.name, sub.student.id): sub.score
                                for a in (NOTEBOOK, RESIT) for sub in gb.assignment_submissions(a)}
+        # a dry run of a regrade leaves every row as it was; a regrade of one student writes there
+        before = _rows(server.url)
+        state["dry"] = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "regrade",
+                                       NOTEBOOK, "--dry-run", *LIMITS], env=kernel_env(), capture_output=True,
+                                      text=True, timeout=900)
+        state["rows"] = (before, _rows(server.url))
+        state["regrade"] = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "regrade",
+                                           RESIT, "-s", "correct", *LIMITS], env=kernel_env(), capture_output=True,
+                                          text=True, timeout=900)
+        state["history"] = subprocess.run([sys.executable, "-m", "autograder.cli", "--course", str(root), "status",
+                                           "--history", "correct", RESIT], env=kernel_env(), capture_output=True,
+                                          text=True, timeout=300)
         yield state
+
+
+def _rows(url: str) -> dict[str, list]:
+    """Every row of every table of the gradebook (nbgrader's and the history of grades)."""
+    from nbgrader.api import Base
+    from sqlalchemy import create_engine, inspect, select
+    from autograder.course.history import TABLES
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as db:
+            present = set(inspect(db).get_table_names())
+            return {t.name: sorted(map(tuple, db.execute(select(t)).all()), key=repr)
+                    for t in [*Base.metadata.sorted_tables, *TABLES] if t.name in present}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.slow
+def test_a_dry_run_regrade_leaves_every_row_of_the_postgres_gradebook(postgres_class):
+    dry = postgres_class["dry"]
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "2 submissions regraded, 0 items would change" in dry.stdout
+    before, after = postgres_class["rows"]
+    assert before == after and before["grade"] and before["workbook_grade_history"]
+
+
+@pytest.mark.slow
+def test_a_regrade_on_postgresql_records_the_history_of_each_grade(postgres_class):
+    run, history = postgres_class["regrade"], postgres_class["history"]
+    assert run.returncode == 0 and "1 submissions regraded, 0 items changed" in run.stdout, run.stdout + run.stderr
+    lines = [line for line in history.stdout.splitlines() if "test_causal_mask" in line]
+    assert len(lines) == 2 and "autograde" in lines[0] and "regrade" in lines[1], history.stdout
 
 
 @pytest.mark.slow

@@ -328,3 +328,55 @@ def test_workbook_html_writes_an_offline_page_with_math_and_the_widgets_last_pic
     assert f"data:image/png;base64,{png}" in page  # the widget's last picture
     assert "<script" not in page.lower() and "Content-Security-Policy" in page
     assert main(["html", str(tmp_path / "missing.ipynb")]) == 2
+
+
+def _graded_result(course: Course, points: dict[str, float]) -> dict:
+    """A worker's result for the released notebook 03 with ``points`` per test cell."""
+    nb = nbformat.read(str(course.release_dir / A / f"{A}.ipynb"), as_version=4)
+    return {"notebook": nbformat.writes(nb), "problems": [], "items": {}, "seconds": 1.0, "seal": {},
+            "cells": [{"grade_id": gid, "score": p, "error": ""} for gid, p in points.items()]}
+
+
+def _test_points(course: Course, student: str) -> dict[str, float]:
+    return {cell: auto for s, _n, cell, auto, *_ in course.gradebook_rows(A) if s == student and cell.startswith("test_")}
+
+
+def test_a_notebook_recorded_half_way_is_rolled_back_whole(course, monkeypatch):
+    """A notebook's grades, its late penalty and its history commit together: a failure after
+    the first cells were written (here in nbgrader's late-penalty step) leaves the old grades,
+    and the history holds only what was committed; a regrade's Rescore keeps what it is told."""
+    from nbgrader.preprocessors import AssignLatePenalties
+
+    from autograder.course import history
+    from autograder.pipeline import record
+    from autograder.pipeline.handoffs import Task
+
+    _recorded(course)
+    cells = ["test_scaled_dot_product_attention", "test_causal_mask", "test_padding_mask", "test_SelfAttention"]
+    with course.gradebook() as gb:
+        recorder = record.Recorder(course, A, gb, False, {}, digest="c1")
+        recorder.enroll({"s1": None})
+        record.write_result(course, gb, Task(A, "s1", A, []), _graded_result(course, dict.fromkeys(cells, 1.0)),
+                            False, "c1")
+    assert _test_points(course, "s1") == dict.fromkeys(cells, 1.0)
+
+    def broken(self, nb, resources):
+        raise RuntimeError("the late-penalty step failed")
+    monkeypatch.setattr(AssignLatePenalties, "preprocess", broken)
+    with course.gradebook() as gb, pytest.raises(RuntimeError):
+        record.write_result(course, gb, Task(A, "s1", A, []), _graded_result(course, dict.fromkeys(cells, 2.0)),
+                            False, "c2")
+    assert _test_points(course, "s1") == dict.fromkeys(cells, 1.0)  # not one cell of the second run
+    monkeypatch.undo()
+    rescore = record.Rescore({("s1", A): dict.fromkeys(cells, 1.0)}, cells={"test_causal_mask"}, keep_higher=True,
+                             note="fixed", when="2026-12-02T10:00:00")
+    with course.gradebook() as gb:
+        record.write_result(course, gb, Task(A, "s1", A, []),
+                            _graded_result(course, {**dict.fromkeys(cells, 2.0), "test_causal_mask": 0.0}), False,
+                            "c3", rescore)
+        rows = history.history(gb, "s1", A)
+    assert _test_points(course, "s1") == dict.fromkeys(cells, 1.0)  # not --item: old; --item but lower: kept
+    assert rescore.kept[("s1", A)]["test_causal_mask"] == {"new": 0.0, "why": "kept higher"}
+    assert rescore.kept[("s1", A)]["test_SelfAttention"] == {"new": 2.0, "why": "not among --item"}
+    mask = [(r["points"], r["course"], r["how"]) for r in rows if r["cell"] == "test_causal_mask"]
+    assert mask == [(1.0, "c1", "autograde"), (1.0, "c3", "regrade, kept higher: fixed")]
