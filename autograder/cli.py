@@ -209,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="folder (default: grading/class-report)")
     p.add_argument("--names", action="store_true",
                    help="show student ids (default: students are numbered, so the page can be shown to the class)")
+    p.add_argument("--compare-regrades", nargs=2, metavar=("CSV", "CSV"),
+                   help="compare the named mistakes after two regrades (the CSVs in grading/regrades/)")
 
     p = _command(sub, "similarity", results.similarity, help="which answers look copied from each other or from course_lib, per "
                                           "graded item, offline: a CSV and an HTML page side by side")

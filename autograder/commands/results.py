@@ -109,7 +109,8 @@ def due(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
 
 def report(course: Course, args: argparse.Namespace, extra: list[str]) -> int:
     from ..reports.class_report import write_class_report
-    page = write_class_report(course, args.output, args.assignments or None, names=args.names)
+    page = write_class_report(course, args.output, args.assignments or None, names=args.names,
+                              regrades=tuple(args.compare_regrades) if args.compare_regrades else None)
     print(f"class report: {page} (data: report.json and CSV files beside it)")
     return 0
 

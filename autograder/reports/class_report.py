@@ -16,7 +16,7 @@ from ..doors.outbound import write_csv
 from .class_data import load_gradings, summarize
 from .class_plots import heatmap_plot, items_plot, mistakes_plot, score_plot
 
-__all__ = ["render_html", "write_class_report"]
+__all__ = ["render_html", "write_class_report", "compared_regrades"]
 
 
 _STYLE = """
@@ -46,6 +46,32 @@ def _mistake_table(rows: list[dict], names: bool, with_item: bool = True) -> str
         body += ("<tr>" + (f"<td>{_e(r['item'])}</td>" if with_item else "") +
                  f"<td>{_e(r['mistake'])}{who}</td><td class=\"n\">{r['count']} of {r['of']}</td></tr>")
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def compared_regrades(first: Path, second: Path) -> list[dict]:
+    """The named mistakes of two regrades side by side (each regrade's CSV, or its
+    ``-mistakes.csv``): ``{item, mistake, first, second}`` with the counts after each."""
+    import csv
+
+    def counts(path: Path) -> dict[tuple[str, str], str]:
+        path = Path(path)
+        if not path.name.endswith("-mistakes.csv"):
+            path = path.with_name(path.stem + "-mistakes.csv")
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist: name the CSV a `workbook regrade` wrote")
+        with open(path, newline="", encoding="utf-8") as f:
+            return {(r["item"], r["mistake"]): r["after"] for r in csv.DictReader(f)}
+    a, b = counts(first), counts(second)
+    return [{"item": item, "mistake": name, "first": a.get((item, name), "0"), "second": b.get((item, name), "0")}
+            for item, name in sorted(set(a) | set(b))]
+
+
+def _compared_table(compared: dict) -> str:
+    rows = "".join(f"<tr><td>{_e(r['item'])}</td><td>{_e(r['mistake'])}</td><td class=\"n\">{_e(r['first'])}</td>"
+                   f"<td class=\"n\">{_e(r['second'])}</td></tr>" for r in compared["rows"])
+    return (f"<h2>Named mistakes after two regrades</h2><p>In how many regraded submissions each mistake was named "
+            f"after <code>{_e(compared['first'])}</code> and after <code>{_e(compared['second'])}</code>.</p>"
+            f"<table><tr><th>item</th><th>mistake</th><th>first</th><th>second</th></tr>{rows}</table>")
 
 
 def render_html(data: dict) -> str:
@@ -114,6 +140,8 @@ def render_html(data: dict) -> str:
                              for u in a["unrecognised"]) + "</table>")
         else:
             parts.append('<p class="muted">Every failure was explained by a catalogued mistake.</p>')
+    if data.get("regrades"):
+        parts.append(_compared_table(data["regrades"]))
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -123,14 +151,18 @@ def _write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
 
 
 def write_class_report(course: Course, out_dir: str | Path | None = None, assignments: list[str] | None = None,
-                 names: bool = False) -> Path:
+                       names: bool = False, regrades: tuple[Path, Path] | None = None) -> Path:
     """Write ``index.html``, ``report.json`` and CSV files (``mistakes.csv``,
     ``subchecks.csv``, ``unrecognised.csv``, ``scores.csv``) into ``out_dir``
-    (default ``grading/class-report``); returns the page's path."""
+    (default ``grading/class-report``); returns the page's path. ``regrades``: two regrades'
+    CSVs whose named mistakes the page compares."""
     gradings = load_gradings(course, assignments)
     if not gradings:
         raise FileNotFoundError("nothing graded yet: run `workbook autograde` first")
     data = summarize(gradings, names=names)
+    if regrades:
+        data["regrades"] = {"first": Path(regrades[0]).name, "second": Path(regrades[1]).name,
+                            "rows": compared_regrades(*regrades)}
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     out = Path(out_dir) if out_dir else course.grading_dir / "class-report"

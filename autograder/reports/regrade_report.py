@@ -14,9 +14,10 @@ from ..doors.outbound import write_csv
 from ..pipeline.regrade import Regrade, regrades_dir
 from ..course import Course
 
-__all__ = ["COLUMNS", "write_regrade_report"]
+__all__ = ["COLUMNS", "MISTAKE_COLUMNS", "write_regrade_report", "mistakes_path"]
 
 COLUMNS = ["student", "assignment", "item", "old_points", "new_points", "old_mistake", "new_mistake", "kept"]
+MISTAKE_COLUMNS = ["item", "mistake", "before", "after"]  # in how many regraded submissions each was named
 
 _STYLE = """body{font:15px/1.45 system-ui,sans-serif;margin:2em auto;max-width:70em;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;
@@ -81,11 +82,20 @@ def _page(outcome: Regrade, csv_name: str) -> str:
     return "\n".join(parts)
 
 
+def mistakes_path(csv_path: Path) -> Path:
+    """Beside a regrade's CSV: how often each named mistake was found before and after it."""
+    return csv_path.with_name(csv_path.stem + "-mistakes.csv")
+
+
 def write_regrade_report(course: Course, outcome: Regrade) -> tuple[Path, Path]:
-    """The CSV and the page of one assignment's regrade; returns their paths."""
+    """The CSV, the mistakes' counts and the page of one assignment's regrade; returns the
+    paths of the CSV and the page."""
     folder = regrades_dir(course)
     folder.mkdir(parents=True, exist_ok=True)
     csv_path, page_path = folder / f"{_stem(outcome)}.csv", folder / f"{_stem(outcome)}.html"
     write_csv(csv_path, _rows(outcome), COLUMNS)
+    write_csv(mistakes_path(csv_path), [{"item": item, "mistake": name, "before": before, "after": after}
+                                        for (item, name), (before, after) in outcome.mistakes.items()],
+              MISTAKE_COLUMNS)
     page_path.write_text(_page(outcome, csv_path.name), encoding="utf-8")
     return csv_path, page_path

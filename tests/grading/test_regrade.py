@@ -95,13 +95,14 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _report(course: Course, after: set[Path], dry: bool) -> Path:
-    new = sorted(p for p in (course.grading_dir / "regrades").glob("*.csv") if p not in after)
+    new = sorted(p for p in _reports(course) if p not in after)
     assert len(new) == 1 and new[0].name.endswith("-dry-run.csv") == dry, new
     return new[0]
 
 
 def _reports(course: Course) -> set[Path]:
-    return set((course.grading_dir / "regrades").glob("*.csv")) if (course.grading_dir / "regrades").is_dir() else set()
+    folder = course.grading_dir / "regrades"
+    return {p for p in folder.glob("*.csv") if not p.name.endswith("-mistakes.csv")} if folder.is_dir() else set()
 
 
 def _digest(path: Path) -> str:
@@ -286,3 +287,14 @@ def test_the_report_encodes_what_students_control(tmp_path):
     text = page.read_text()
     assert "<script>" not in text and "&lt;script&gt;" in text and "<b>fixed</b>" not in text
     assert "Content-Security-Policy" in text
+
+
+def test_the_class_report_compares_two_regrades_named_mistakes(graded, loosened, kept_higher):
+    first, second = loosened["csv"], kept_higher["csv"]
+    counts = _rows(first.with_name(first.stem + "-mistakes.csv"))
+    softmax = [r for r in counts if r["item"] == SDPA and r["before"] == "1" and r["after"] == "1"]
+    assert softmax, counts  # `wrong`'s mistake, named before and after
+    out = graded["base"] / "report"
+    _workbook(graded["root"], "report", "-o", str(out), "--compare-regrades", str(first), str(second))
+    page = (out / "index.html").read_text()
+    assert "Named mistakes after two regrades" in page and softmax[0]["mistake"].split("<")[0] in page
