@@ -43,7 +43,7 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 
-__all__ = ["IntakeLimits", "Refused", "shown", "scrub", "student_id", "same_student_key", "looks_like", "member_path",
+__all__ = ["IntakeLimits", "Refused", "shown", "invisible", "scrub", "student_id", "same_student_key", "looks_like", "member_path",
            "ZipMember",
            "read_zip", "read_bounded", "scan_json", "read_notebook", "parse_time", "time_zone", "RESERVED_IDS", "ID_RULE"]
 
@@ -87,6 +87,23 @@ class Refused(ValueError):
 # ---------------------------------------------------------------------------
 
 _VISIBLE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt), which fonts draw as nothing
+# though some are letters (U+3164 HANGUL FILLER: `out` and `outㅤ` look alike), and U+2800 BRAILLE
+# PATTERN BLANK, drawn as a space
+_IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+              (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x2800, 0x2800),
+              (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8),
+              (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
+
+
+def invisible(ch: str) -> bool:
+    """Whether a character shows as nothing (or not as itself): a control, format (zero-width,
+    bidirectional), private-use, unassigned, line-separating or default-ignorable character
+    (variation selectors, fillers, tags), or a lone surrogate."""
+    if unicodedata.category(ch) in _VISIBLE_CATEGORIES:
+        return True
+    code = ord(ch)
+    return code >= 0xAD and any(low <= code <= high for low, high in _IGNORABLE)
 
 
 def _escape_char(ch: str) -> str:
@@ -103,14 +120,14 @@ def _escape_char(ch: str) -> str:
 
 
 def shown(text: Any, limit: int = 200) -> str:
-    """``text`` safe to print on a terminal and on one line: every control, format
-    (zero-width, bidirectional), private-use, unassigned or line-separating character,
-    and every lone surrogate (an undecodable byte of a file name), written as an escape
-    (``\\x1b``, ``\\u202e``, ``\\n``); cut at ``limit`` characters with "…"."""
+    """``text`` safe to print on a terminal and on one line: every :func:`invisible` character
+    (controls, zero-width and bidirectional ones, fillers and variation selectors, lone
+    surrogates: an undecodable byte of a file name) written as an escape (``\\x1b``,
+    ``\\u202e``, ``\\u3164``, ``\\n``); cut at ``limit`` characters with "…"."""
     text = _SPACES.sub(" ", str(text))  # a run of spaces could push text onto a line of its own
     out = []
     for ch in text[:limit]:
-        out.append(_escape_char(ch) if unicodedata.category(ch) in _VISIBLE_CATEGORIES else ch)
+        out.append(_escape_char(ch) if invisible(ch) else ch)
     return "".join(out) + ("…" if len(text) > limit else "")
 
 
@@ -216,7 +233,7 @@ def member_path(name: str, limits: IntakeLimits = IntakeLimits(), archive: bool 
     for part in parts:
         if part == "..":
             raise Refused(f"'{shown(name)}' climbs out of its folder (..)")
-        if any(unicodedata.category(ch) in _VISIBLE_CATEGORIES for ch in part):
+        if any(invisible(ch) for ch in part):
             raise Refused(f"'{shown(name)}' has control or invisible characters in its name")
         if len(part.encode("utf-8", "surrogatepass")) > limits.name_bytes:
             raise Refused(f"'{shown(name, 80)}' has a name of {len(part.encode('utf-8', 'surrogatepass'))} bytes, "

@@ -14,13 +14,12 @@ shown as its escape (``\\u202e``) instead of reordering what the reader sees.
 from __future__ import annotations
 
 import html
-import unicodedata
 from pathlib import Path
 
 import numpy as np
 
 from ..course import Course, CourseError
-from ..doors.intake import shown
+from ..doors.intake import invisible, shown
 from ..doors.allowlist import CSP_META, sanitize
 from ..doors.outbound import write_csv
 from .similarity import DEFAULT_THRESHOLD, ClassAnswers, ItemResult, compare_class, read_class
@@ -80,7 +79,6 @@ def summary_lines(answers: ClassAnswers, results: list[ItemResult], threshold: f
 # The page
 # ---------------------------------------------------------------------------
 
-_INVISIBLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1.5em; max-width: 90em; color: #222; }
 h1 { border-bottom: 2px solid #444; } h2 { margin-top: 2em; border-bottom: 1px solid #aaa; }
@@ -104,7 +102,7 @@ def _visible(text: str) -> str:
         return html.escape(text)
     out = []
     for ch in text:
-        if ch not in "\n\t" and unicodedata.category(ch) in _INVISIBLE:
+        if ch not in "\n\t" and invisible(ch):
             out.append(f'<span class="esc">{html.escape(shown(ch))}</span>')
         else:
             out.append(html.escape(ch))

@@ -191,3 +191,22 @@ def test_markdown_that_fools_the_code_span_guess_stays_inert(answer):
 
     rendered = md.markdown2html(clean_markdown(answer))
     assert "<img" not in rendered and "onerror" in rendered
+
+
+@pytest.mark.parametrize("ch", ["\u3164", "\u115f", "\u1160", "\u034f", "\u17b4", "\u180b", "\ufe0f", "\U000e0100",
+                                "\u200b", "\u2800", "\uffa0", "\u2066"])
+def test_every_character_that_shows_as_nothing_is_written_as_its_escape(ch):
+    """`out` and `out` with a Hangul filler, a variation selector or a tag look alike on a page
+    and a terminal: every default-ignorable character is shown as its escape, wherever a
+    student's string goes out (the terminal, the similarity page, file names at the door)."""
+    from autograder.doors.intake import invisible, shown
+
+    assert invisible(ch)
+    assert shown(f"out{ch}") == "out" + (f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+
+
+def test_letters_of_other_scripts_and_symbols_are_shown_as_they_are():
+    from autograder.doors.intake import invisible, shown
+
+    text = "héllo 日本語 Ωμέγα ∑ 🙂 Ω"
+    assert not any(invisible(ch) for ch in text) and shown(text) == text
