@@ -12,6 +12,13 @@ student never changed is simply refreshed.
 opens JupyterLab on ``work/``; when one is already serving it, prints that server's
 address instead of starting another. It needs no shell and no ``make``: the same command
 works in PowerShell (``.venv\\Scripts\\python -m course_lib.workspace``), on macOS and on Linux.
+
+On a shared machine (a lab's computers, a group-writable pair-work folder) another account may
+plant links: nothing here follows one. A notebook in ``notebooks/`` that is a link is skipped; in
+``work/`` every file is written to a new file beside its place and moved there (``os.replace``
+replaces a link, never what it points to), into a folder that is no link and lies inside
+``work/``; a ``work/`` that another account can write is refused. A copy keeps its notebook's
+permissions (a private notebook stays private).
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
+import stat
 import sys
+import tempfile
 from pathlib import Path
 
 __all__ = ["sync", "running_server", "lab_command", "main"]
@@ -36,9 +44,91 @@ def _digest(path: Path) -> str:
 
 def _free_name(folder: Path, stem: str) -> Path:
     n = 1
-    while (folder / f"{stem} (course update {n}).ipynb").exists():
+    while os.path.lexists(folder / f"{stem} (course update {n}).ipynb"):  # a dangling link is taken too
         n += 1
     return folder / f"{stem} (course update {n}).ipynb"
+
+
+def _read_plain(path: Path) -> bytes:
+    """The bytes of a regular file, never through a link (OSError otherwise)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_in(work: Path, target: Path, data: bytes, mode: int = 0o644) -> None:
+    """``data`` at ``target``, inside ``work``: written to a new file in its folder, then moved
+    onto the name (a link there is replaced, not followed), with ``mode``."""
+    folder = target.parent
+    _folder_in(work, folder)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".workspace-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _folder_in(work: Path, folder: Path) -> None:
+    """``folder`` made if needed, each of its parts below ``work`` a real folder (no link)."""
+    path = work
+    for name in folder.relative_to(work).parts:
+        path = path / name
+        if path.is_symlink():
+            raise _Refused(f"{path.relative_to(work).as_posix()} in {work.name}/ is a link: not followed")
+        if not path.exists():
+            path.mkdir(mode=0o755)
+        elif not path.is_dir():
+            raise _Refused(f"{path.relative_to(work).as_posix()} in {work.name}/ is not a folder")
+    if not folder.resolve().is_relative_to(work.resolve()):
+        raise _Refused(f"{folder} lies outside {work}")
+
+
+class _Refused(Exception):
+    """A file of the workspace that is not written: why (a link, a place outside work/)."""
+
+
+def _others_can_write(info: os.stat_result) -> bool:
+    """Whether an account other than this one may write a folder with ``info`` (POSIX): one
+    that is not ours, or writable by all, or by a group that is not this account's own
+    (Debian and Ubuntu give each user a group of their own, and a umask of 002)."""
+    if not hasattr(os, "geteuid"):
+        return False  # (Windows: the folder's ACL, which the student's profile sets)
+    if info.st_uid != os.geteuid() or info.st_mode & stat.S_IWOTH:
+        return True
+    if not info.st_mode & stat.S_IWGRP:
+        return False
+    import grp
+
+    try:
+        group = grp.getgrgid(info.st_gid)
+    except KeyError:
+        return True
+    return info.st_gid != os.getegid() or bool(set(group.gr_mem) - {os.environ.get("USER", "")})
+
+
+def _check_work(work: Path) -> None:
+    """``work`` is a folder of this account's that no other account can write (a link to one is
+    refused too); SystemExit saying how to fix it otherwise."""
+    if work.is_symlink():
+        raise SystemExit(f"{work} is a link; make it a folder of your own (move the link away)")
+    if not work.exists():
+        work.parent.mkdir(parents=True, exist_ok=True)
+        work.mkdir(mode=0o755)
+    if _others_can_write(work.stat()):
+        raise SystemExit(f"{work} can be written by other accounts, which could plant links there: "
+                         f"make it yours alone (chmod go-w {work}) and run this again")
 
 
 def sync(notebooks: Path, work: Path) -> list[str]:
@@ -46,36 +136,48 @@ def sync(notebooks: Path, work: Path) -> list[str]:
 
     New notebooks are copied; a notebook whose course version changed since it was
     copied (or last offered) gets the new version beside it. Returns one message per
-    file written.
+    file written or skipped (nothing is written through a link: see the module's docstring).
     """
-    work.mkdir(parents=True, exist_ok=True)
+    _check_work(work)
     manifest_path = work / MANIFEST
     try:
-        manifest: dict[str, list[str]] = json.loads(manifest_path.read_text())
+        manifest: dict[str, list[str]] = json.loads(_read_plain(manifest_path))
     except (OSError, ValueError):
         manifest = {}
     messages = []
     for source in sorted(notebooks.glob("*/*.ipynb")):
         key = source.relative_to(notebooks).as_posix()
-        digest = _digest(source)
+        if source.is_symlink() or source.parent.is_symlink():
+            messages.append(f"skipped: {key} in {notebooks.name}/ is a link, not a notebook of the course")
+            continue
+        try:
+            data = _read_plain(source)
+        except OSError as exc:
+            messages.append(f"skipped: {key} ({exc})")
+            continue
+        mode = stat.S_IMODE(os.stat(source, follow_symlinks=False).st_mode)
+        digest = hashlib.sha256(data).hexdigest()
         target = work / key
         seen = manifest.setdefault(key, [])
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
-            messages.append(f"{'new' if not seen else 'copied again (yours was gone)'}: {key}")
-        elif digest not in seen and _digest(target) in seen:  # a course version the student never changed
-            shutil.copyfile(source, target)
-            messages.append(f"updated: {key} (you had not changed it)")
-        elif digest not in seen and _digest(target) != digest:
-            offered = _free_name(target.parent, target.stem)
-            shutil.copyfile(source, offered)
-            messages.append(f"course update: {offered.relative_to(work).as_posix()} (your {key} is kept as it is)")
+        try:
+            if target.is_symlink():
+                raise _Refused(f"{key} in {work.name}/ is a link: not followed")
+            if not target.exists():
+                _write_in(work, target, data, mode)
+                messages.append(f"{'new' if not seen else 'copied again (yours was gone)'}: {key}")
+            elif digest not in seen and _digest(target) in seen:  # a course version the student never changed
+                _write_in(work, target, data, mode)
+                messages.append(f"updated: {key} (you had not changed it)")
+            elif digest not in seen and _digest(target) != digest:
+                offered = _free_name(target.parent, target.stem)
+                _write_in(work, offered, data, mode)
+                messages.append(f"course update: {offered.relative_to(work).as_posix()} (your {key} is kept as it is)")
+        except _Refused as why:
+            messages.append(f"skipped: {why}")
+            continue
         if digest not in seen:
             seen.append(digest)
-    tmp = manifest_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, manifest_path)
+    _write_in(work, manifest_path, json.dumps(manifest, indent=1, sort_keys=True).encode(), 0o644)
     return messages
 
 
@@ -118,6 +220,8 @@ def _run(command: list[str], env: dict[str, str]) -> int:
             return subprocess.call(command, env=env)
         except KeyboardInterrupt:
             return 130
+    sys.stdout.flush()  # what was printed, before this process becomes JupyterLab
+    sys.stderr.flush()
     os.execve(command[0], command, env)
     return 0  # not reached
 

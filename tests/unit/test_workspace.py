@@ -170,3 +170,104 @@ def test_nothing_a_student_runs_assumes_a_posix_system():
         if found:
             offending[str(path.relative_to(REPO))] = found
     assert not offending, offending
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    """A private file and folder of the student's that a planted link points at."""
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    (home / "thesis.txt").write_text("my thesis")
+    return home
+
+
+def _plant(link: Path, target: Path) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+
+
+def test_a_link_planted_at_the_manifests_temporary_name_is_not_followed(course, tmp_path, victim):
+    work = tmp_path / "work"
+    _plant(work / ".course-versions.tmp", victim / "thesis.txt")
+    sync(course, work)
+    assert (victim / "thesis.txt").read_text() == "my thesis"
+    assert json.loads((work / MANIFEST).read_text())  # written, as a file of its own
+    assert not (work / MANIFEST).is_symlink()
+
+
+def test_a_dangling_link_at_a_notebooks_place_is_not_followed(course, tmp_path, victim):
+    work = tmp_path / "work"
+    _plant(work / A / f"{A}.ipynb", victim / "created-by-a-link.ipynb")
+    messages = sync(course, work)
+    assert not (victim / "created-by-a-link.ipynb").exists()
+    assert f"skipped: {A}/{A}.ipynb in work/ is a link: not followed" in messages
+
+
+def test_a_dangling_link_at_the_next_course_update_name_is_not_followed(course, tmp_path, victim):
+    work = tmp_path / "work"
+    sync(course, work)
+    (work / A / f"{A}.ipynb").write_text("{}")  # the student's own work
+    (course / A / f"{A}.ipynb").write_text('{"cells": []}')  # a course update
+    _plant(work / A / f"{A} (course update 1).ipynb", victim / "created-by-a-link.ipynb")
+    messages = sync(course, work)
+    assert not (victim / "created-by-a-link.ipynb").exists()
+    assert messages == [f"course update: {A}/{A} (course update 2).ipynb (your {A}/{A}.ipynb is kept as it is)"]
+
+
+def test_a_linked_notebook_folder_gets_nothing_written_into_it(course, tmp_path, victim):
+    work = tmp_path / "work"
+    _plant(work / A, victim / "Documents")
+    messages = sync(course, work)
+    assert list((victim / "Documents").iterdir()) == []
+    assert f"skipped: {A} in work/ is a link: not followed" in messages
+
+
+def test_a_link_in_notebooks_to_a_private_file_is_not_copied(course, tmp_path, victim):
+    (victim / "thesis.txt").chmod(0o600)
+    _plant(course / "05_planted" / "05_planted.ipynb", victim / "thesis.txt")
+    work = tmp_path / "work"
+    messages = sync(course, work)
+    assert not (work / "05_planted" / "05_planted.ipynb").exists()
+    assert "skipped: 05_planted/05_planted.ipynb in notebooks/ is a link, not a notebook of the course" in messages
+
+
+def test_a_copy_keeps_its_notebooks_permissions(course, tmp_path):
+    (course / A / f"{A}.ipynb").chmod(0o600)
+    work = tmp_path / "work"
+    sync(course, work)
+    assert (work / A / f"{A}.ipynb").stat().st_mode & 0o777 == 0o600
+    assert (work / "04_multi_head_attention" / "04_multi_head_attention.ipynb").stat().st_mode & 0o777 == \
+        (course / "04_multi_head_attention" / "04_multi_head_attention.ipynb").stat().st_mode & 0o777
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+def test_a_work_folder_others_can_write_is_refused_with_the_fix(course, tmp_path):
+    """Writable by all, or by a group with other members (a pair-work folder): refused. Writable
+    by the student's own group alone (Debian's umask 002): theirs."""
+    import grp
+
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    with pytest.raises(SystemExit, match=r"chmod go-w"):
+        sync(course, work)
+    assert list(work.iterdir()) == []
+    work.chmod(0o775)
+    if set(grp.getgrgid(os.getegid()).gr_mem) - {os.environ.get("USER", "")}:
+        pytest.skip("this account's group has other members")
+    assert sync(course, work)  # its own group: accepted
+    other = next((g.gr_gid for g in grp.getgrall() if g.gr_gid != os.getegid()), None)
+    if os.geteuid() == 0 and other is not None:  # a group shared with other accounts (root can hand it over)
+        os.chown(work, -1, other)
+        with pytest.raises(SystemExit, match=r"chmod go-w"):
+            sync(course, work)
+
+
+def test_the_sync_messages_are_written_before_jupyterlab_takes_the_process_over(tmp_path):
+    """With stdout a pipe (not a terminal, so block-buffered), what was printed before the
+    exec still arrives."""
+    script = ("import sys; from course_lib import workspace; print('synced: 03'); "
+              "workspace._run([sys.executable, '-c', 'print(\"lab\")'], {})")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    assert out.splitlines() == ["synced: 03", "lab"]
