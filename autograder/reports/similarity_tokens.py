@@ -22,6 +22,7 @@ import io
 import keyword
 import re
 import tokenize
+import unicodedata
 from dataclasses import dataclass, field
 
 __all__ = ["Tokens", "code_tokens", "text_tokens", "MAX_CHARS"]
@@ -95,7 +96,7 @@ def _assigned_attributes(raw: list[tokenize.TokenInfo]) -> set[str]:
     names = set()
     for i in range(1, len(raw) - 1):
         if raw[i].type == tokenize.NAME and raw[i - 1].string == "." and raw[i + 1].string in _AUGMENTED:
-            names.add(raw[i].string)
+            names.add(_as_python_reads(raw[i].string))
     return names
 
 
@@ -105,6 +106,11 @@ _SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER
             getattr(tokenize, "FSTRING_MIDDLE", -1)}
 _NAME, _NUMBER, _STRING, _NEWLINE = tokenize.NAME, tokenize.NUMBER, tokenize.STRING, tokenize.NEWLINE
 _INDENT, _DEDENT = tokenize.INDENT, tokenize.DEDENT
+
+
+def _as_python_reads(name: str) -> str:
+    """A name as Python reads it: NFKC-normalised (``x.𝗌𝗈𝖿𝗍𝗆𝖺𝗑`` is ``x.softmax``)."""
+    return name if name.isascii() else unicodedata.normalize("NFKC", name)
 
 
 def _python_statements(source: str) -> list[_Statement]:
@@ -127,6 +133,7 @@ def _python_statements(source: str) -> list[_Statement]:
             current[-1] = ("S", current[-1][1], b)
             continue
         if kind == _NAME:
+            text = _as_python_reads(text)
             if text in _KEYWORDS or text in ("match", "case") and not current:
                 word = text
             elif prev == "." and text not in chosen:
@@ -205,13 +212,16 @@ def _plain_statements(source: str) -> list[_Statement]:
 # the same answer must give the same tokens on every Python. One character for one: the spans
 # still point into the answer as written.
 _BLANKED = {c: " " for c in [*range(0x20), 0x7F] if chr(c) not in "\t\n\x0c"}
+_LONE_CR = re.compile(r"\r(?!\n)")
 
 
 def code_tokens(source: str) -> Tokens:
     """A code answer's normalised tokens (see the module's description)."""
     cut = len(source) > MAX_CHARS
     source = source[:MAX_CHARS]
-    readable = source.translate(_BLANKED)
+    # line endings as Python reads them: a lone carriage return ends a line (behind a comment it
+    # would otherwise hide the rest of the answer); one character for one
+    readable = _LONE_CR.sub("\n", source.replace("\r\n", " \n")).translate(_BLANKED)
     try:
         statements = _python_statements(readable)
     except (tokenize.TokenError, SyntaxError, ValueError):  # IndentationError is a SyntaxError

@@ -247,3 +247,16 @@ def test_what_the_class_wrote_alike_in_another_item_is_no_evidence_here():
     hashes, counts = class_frequency([[np.array([3, 1], dtype=np.uint64), np.array([1], dtype=np.uint64)],
                                       [np.array([1, 2], dtype=np.uint64)], []])
     assert hashes.tolist() == [1, 2, 3] and counts.tolist() == [2, 1, 1]
+
+
+def test_line_endings_and_letters_are_read_as_python_reads_them():
+    """A copy written with lone carriage returns behind a leading comment (Python ends a line at
+    each), or with its attributes in letters NFKC folds to ASCII (``x.𝗌𝗈𝖿𝗍𝗆𝖺𝗑`` is ``x.softmax``
+    to Python), reads as the answer it is."""
+    answer = "def f(x):\n    s = x @ x.transpose(-2, -1)\n    return s.softmax(-1)\n"
+    assert code_tokens("# my own work\r" + answer.replace("\n", "\r")).words == code_tokens(answer).words
+    assert code_tokens(answer.replace("\n", "\r\n")).words == code_tokens(answer).words
+    folded = answer.replace("softmax", "\U0001d5cc\U0001d5c8\U0001d5bf\U0001d5cd\U0001d5c6\U0001d5ba\U0001d5d1")
+    assert code_tokens(folded).words == code_tokens(answer).words
+    tokens = code_tokens("# c\rx = 1\r")  # the spans still point into the answer as written
+    assert tokens.words[:3] == ["V", "=", "N"] and [tokens.source[a:b] for a, b in tokens.spans[:3]] == ["x", "=", "1"]
