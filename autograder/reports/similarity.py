@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..course import Course, CourseError, read_json
 from ..course.settings import intake_limits
-from ..inside.cells import nbgrader_meta
+from ..inside.cells import item_of, nbgrader_meta
 from ..pipeline.prepare import read_submission
 from .similarity_index import (CODE, REFERENCE, TEXT, Fingerprints, ItemIndex, Pair, Settings, class_frequency, clusters,
                                fingerprints, kgram_hashes)
@@ -186,12 +187,7 @@ def _read_students(course: Course, assignment: str, items: list[Item], students:
             if nb is None:
                 why += [p["message"] for p in problems]
                 continue
-            for cell in nb.cells:
-                meta = nbgrader_meta(cell)
-                item = by_cell.get((notebook, meta.get("grade_id")))
-                if item is not None and meta.get("solution") and cell.cell_type == ("code" if item.kind == "code"
-                                                                                     else "markdown"):
-                    mine[(notebook, item.name)] = cell.source if isinstance(cell.source, str) else ""
+            mine.update(_answers(nb, notebook, by_cell))
         if why:
             unread[student] = "; ".join(why)
             continue
@@ -199,6 +195,41 @@ def _read_students(course: Course, assignment: str, items: list[Item], students:
         for key, source in mine.items():
             found.setdefault(key, {})[student] = (source, by_cell[key].fingerprints(source))
     return found, read, unread
+
+
+def _answers(nb, notebook: str, by_cell: dict) -> dict[tuple[str, str], str]:
+    """Each item's answer as grading runs it: for a code item, the code that ran before its test
+    cell since the previous one (its solution cells and any cell the student added: a copy pasted
+    below the answer cell counts, a decoy after the test cell does not); for a written one, its
+    answer cell (the last, as nbgrader keeps it)."""
+    out: dict[tuple[str, str], str] = {}
+    segment: list[tuple[str | None, str]] = []  # (item, source) of the code cells since the last test cell
+    for cell in nb.cells:
+        meta = nbgrader_meta(cell)
+        source = cell.source if isinstance(cell.source, str) else ""
+        item = by_cell.get((notebook, meta.get("grade_id")))
+        if item is not None and meta.get("solution"):
+            if item.kind != "code" and cell.cell_type == "markdown":
+                out[(notebook, item.name)] = source
+            elif item.kind == "code" and cell.cell_type == "code":
+                segment.append((item.name, source))
+        elif cell.cell_type == "code" and not meta:
+            segment.append((None, source))
+        elif cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):  # a test cell
+            tested = item_of(str(meta.get("grade_id", "")))
+            if (notebook, tested) in by_cell and any(name == tested for name, _ in segment):
+                out[(notebook, tested)] = _in_effect(tested, [s for name, s in segment if name in (tested, None)])
+            segment = []
+    return out
+
+
+def _in_effect(name: str, sources: list[str]) -> str:
+    """The code of ``name`` in effect when its test cell runs: from the last of ``sources`` (in
+    the order they run) that defines it to the end (the helpers added after it count too)."""
+    defines = re.compile(rf"^[ \t]*(?:(?:async[ \t]+)?def|class)[ \t]+{re.escape(name)}\b|^{re.escape(name)}[ \t]*=",
+                         re.M)
+    last = max((k for k, s in enumerate(sources) if defines.search(s)), default=0)
+    return "\n".join(sources[last:])
 
 
 def _read_share(args: tuple[Path, str, list[Item], list[str]]):
@@ -214,8 +245,7 @@ def default_jobs() -> int:
 def read_class(course: Course, assignment: str, students: list[str] | None = None,
                jobs: int | None = None) -> ClassAnswers:
     """Every collected submission of ``assignment`` read through the intake door, each graded
-    item's answer taken from the solution cell with its ``grade_id`` (the last one, as
-    grading takes it, when a student duplicated it) and fingerprinted; ``jobs`` processes
+    item's answer taken as grading runs it (:func:`_answers`) and fingerprinted; ``jobs`` processes
     (default: one per core, and one per 50 students at most) read a share of the students each."""
     import multiprocessing
     items = _released_items(course, assignment)

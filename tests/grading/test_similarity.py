@@ -230,3 +230,36 @@ def test_the_natural_short_answer_is_no_evidence_against_the_reference(tmp_path,
     found = rows(root / "grading" / "similarity" / ASSIGNMENT / "similarity.csv")
     natural = [r for r in found if r["item"] == SELF and "natural" in (r["student_a"], r["student_b"])]
     assert not any(r["flagged"] == "true" for r in natural), natural
+
+
+def test_a_copy_is_read_where_grading_runs_it(tmp_path, capsys):
+    """The answer is the code in effect when the item's test cell runs: a copy pasted into a cell
+    added below the graded one is read (the graded cell left with a stub), and so is a copy in
+    the graded cell followed, after the test cell, by a second cell with the same grade_id
+    holding a decoy (it runs too late to be graded)."""
+    from similarity_class import SDPA_OWN
+
+    honest = {f"h{i}": s for i, s in enumerate(canonical_class(6).values())}
+    original = _fn(SDPA, SDPA_OWN["einsum"])
+    root = write_course(tmp_path, {**honest, "orig": {SDPA: original}})
+    released = nbformat.read(str(root / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), as_version=4)
+
+    def graded_cell(nb, gid):
+        return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
+    added = nbformat.from_dict(json.loads(nbformat.writes(released)))
+    cell = graded_cell(added, SDPA)
+    added.cells.insert(added.cells.index(cell) + 1, nbformat.v4.new_code_cell(original))
+    write_submission(root, "added", ASSIGNMENT, added)
+    decoy = nbformat.from_dict(json.loads(nbformat.writes(released)))
+    graded_cell(decoy, SDPA).source = original
+    again = nbformat.from_dict(json.loads(json.dumps(graded_cell(decoy, SDPA))))
+    again.source, again.id = _fn(SDPA, "return q, k"), "decoy"
+    decoy.cells.insert(decoy.cells.index(graded_cell(decoy, f"test_{SDPA}")) + 1, again)
+    write_submission(root, "decoy", ASSIGNMENT, decoy)
+    code, out, err = run(root, capsys=capsys)
+    assert code == 0, err
+    flagged = {(r["student_a"], r["student_b"]) for r in rows(root / "grading" / "similarity" / ASSIGNMENT /
+                                                               "similarity.csv")
+               if r["flagged"] == "true" and r["item"] == SDPA}
+    assert {("added", "orig"), ("decoy", "orig"), ("added", "decoy")} <= flagged
+    assert not [p for p in flagged if p[0].startswith("h") or p[1].startswith("h")]
