@@ -229,7 +229,26 @@ def _in_effect(name: str, sources: list[str]) -> str:
     defines = re.compile(rf"^[ \t]*(?:(?:async[ \t]+)?def|class)[ \t]+{re.escape(name)}\b|^{re.escape(name)}[ \t]*=",
                          re.M)
     last = max((k for k, s in enumerate(sources) if defines.search(s)), default=0)
-    return "\n".join(sources[last:])
+    return _unwrapped("\n".join(sources[last:]))
+
+
+_RUNS_A_STRING = {"exec", "eval", "compile"}
+
+
+def _unwrapped(source: str) -> str:
+    """``source`` with the code it hands to ``exec``, ``eval`` or ``compile`` as a string written
+    out after it, marked (the page shows it): an answer hidden in a string reads as the code."""
+    import ast
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source
+    hidden = [(node.func.id, node.args[0].value) for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _RUNS_A_STRING
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and len(node.args[0].value.strip()) >= 40]
+    return source + "".join(f"\n# the string this answer passes to {name}(), read as code:\n{text}"
+                            for name, text in hidden)
 
 
 def _read_share(args: tuple[Path, str, list[Item], list[str]]):

@@ -263,3 +263,18 @@ def test_a_copy_is_read_where_grading_runs_it(tmp_path, capsys):
                if r["flagged"] == "true" and r["item"] == SDPA}
     assert {("added", "orig"), ("decoy", "orig"), ("added", "decoy")} <= flagged
     assert not [p for p in flagged if p[0].startswith("h") or p[1].startswith("h")]
+
+
+def test_an_answer_hidden_in_a_string_for_exec_is_read_as_the_code(tmp_path, capsys):
+    from similarity_class import SDPA_OWN
+
+    honest = {f"h{i}": s for i, s in enumerate(canonical_class(6).values())}
+    original = _fn(SDPA, SDPA_OWN["einsum"])
+    root = write_course(tmp_path, {**honest, "orig": {SDPA: original},
+                                   "hidden": {SDPA: f"exec({original!r})\n"}})
+    code, out, err = run(root, capsys=capsys)
+    assert code == 0, err
+    found = rows(root / "grading" / "similarity" / ASSIGNMENT / "similarity.csv")
+    assert any(r["flagged"] == "true" and {r["student_a"], r["student_b"]} == {"hidden", "orig"} for r in found)
+    page = (root / "grading" / "similarity" / ASSIGNMENT / "index.html").read_text()
+    assert "the string this answer passes to exec(), read as code" in page
