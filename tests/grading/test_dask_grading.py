@@ -138,6 +138,10 @@ def cluster_class(tmp_path_factory):
         state["canary"] = canary
         state["attacker_output"] = _outputs(course.autograded_path("attacker", assignment, NOTEBOOK))
         state["killed"], state["records"] = killed, records
+        from autograder.pipeline.regrade import regrade  # the same course: a regrade on the cluster moves nothing
+        state["regrade"] = regrade(course, [assignment], GradingOptions(limits=LIMITS, scheduler=cluster.address),
+                                   students=["correct", "mistaken"])[0]
+        state["after_regrade"] = _grades(course, assignment, state["students"])
         state["cluster"] = _grades(course, assignment, state["students"])
         state["rerun"] = []
         autograde(course, assignment, GradingOptions(limits=LIMITS, scheduler=cluster.address),
@@ -306,3 +310,10 @@ def test_a_kept_course_copy_never_carries_a_change_to_the_next_task(tmp_path, mo
     assert worker_side.cached_course_copy("v2", ["causal_mask"]) != copy  # another version of the course
     unstubbed = worker_side.cached_course_copy("v1", [])  # another set of items
     assert "_workbook_stub" not in (unstubbed / "course_lib" / "attention.py").read_text()
+
+
+@pytest.mark.slow
+def test_a_regrade_runs_on_the_cluster(cluster_class):
+    outcome = cluster_class["regrade"]
+    assert outcome.notebooks == 2 and outcome.errors == 0 and outcome.changes == []
+    assert cluster_class["after_regrade"] == cluster_class["local"]
