@@ -324,8 +324,9 @@ def structural_problems(nb: NotebookNode, gb: Gradebook, notebook: str, assignme
                 problems.append(problem("edited_locked", f"locked cell {gid!r} was edited; "
                                                          "the original was put back before grading", gid))
     for gid in sorted({i for i in ids if ids.count(i) > 1}):
-        problems.append(problem("duplicate_cells", f"cell {gid!r} appears {ids.count(gid)} times; only "
-                                                   "the last copy is graded", gid))
+        problems.append(problem("duplicate_cells", f"cell {gid!r} appears {ids.count(gid)} times; the last "
+                                                   "copy keeps the grade id, the others run as ordinary cells",
+                                gid))
     for gid in sorted(grade_cells - set(ids)):
         problems.append(problem("deleted_cells", f"graded cell {gid!r} was deleted; the original was "
                                                  "put back before grading", gid))

@@ -204,8 +204,7 @@ def _answers(nb, notebook: str, by_cell: dict) -> dict[tuple[str, str], str]:
     answer cell (the last, as nbgrader keeps it)."""
     out: dict[tuple[str, str], str] = {}
     segment: list[tuple[str | None, str]] = []  # (item, source) of the code cells since the last test cell
-    for cell in nb.cells:
-        meta = nbgrader_meta(cell)
+    for cell, meta in zip(nb.cells, _kept_metadata(nb.cells)):
         source = cell.source if isinstance(cell.source, str) else ""
         item = by_cell.get((notebook, meta.get("grade_id")))
         if item is not None and meta.get("solution"):
@@ -217,10 +216,26 @@ def _answers(nb, notebook: str, by_cell: dict) -> dict[tuple[str, str], str]:
             segment.append((None, source))
         elif cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):  # a test cell
             tested = item_of(str(meta.get("grade_id", "")))
-            if (notebook, tested) in by_cell and any(name == tested for name, _ in segment):
-                out[(notebook, tested)] = _in_effect(tested, [s for name, s in segment if name in (tested, None)])
+            code = [s for name, s in segment if name in (tested, None)]
+            if (notebook, tested) in by_cell and code:
+                out[(notebook, tested)] = _in_effect(tested, code)
             segment = []
     return out
+
+
+def _kept_metadata(cells: list) -> list[dict]:
+    """Each cell's nbgrader metadata as grading keeps it: of the cells that share a grade_id, only
+    the last keeps it (nbgrader's DeduplicateIds); the others are ordinary cells, and run as such."""
+    last = {}
+    for index, cell in enumerate(cells):
+        meta = nbgrader_meta(cell)
+        if meta.get("grade_id") and (meta.get("grade") or meta.get("solution") or meta.get("locked")):
+            last[meta["grade_id"]] = index
+    kept = []
+    for index, cell in enumerate(cells):
+        meta = nbgrader_meta(cell)
+        kept.append(meta if last.get(meta.get("grade_id"), index) == index else {})
+    return kept
 
 
 def _in_effect(name: str, sources: list[str]) -> str:

@@ -278,3 +278,27 @@ def test_an_answer_hidden_in_a_string_for_exec_is_read_as_the_code(tmp_path, cap
     assert any(r["flagged"] == "true" and {r["student_a"], r["student_b"]} == {"hidden", "orig"} for r in found)
     page = (root / "grading" / "similarity" / ASSIGNMENT / "index.html").read_text()
     assert "the string this answer passes to exec(), read as code" in page
+
+
+def test_a_planted_copy_of_a_test_cell_does_not_hide_the_answer(tmp_path, capsys):
+    """A student copies the item's test cell (its grade_id and all) above the copied answer: nbgrader
+    keeps the last cell of a grade_id, so grading runs the planted one as an ordinary cell and the
+    copy before the real test cell is graded; similarity reads it the same way."""
+    from similarity_class import SDPA_OWN
+
+    honest = {f"h{i}": s for i, s in enumerate(canonical_class(6).values())}
+    original = _fn(SDPA, SDPA_OWN["einsum"])
+    root = write_course(tmp_path, {**honest, "orig": {SDPA: original}})
+    nb = nbformat.read(str(root / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), as_version=4)
+    test = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == f"test_{SDPA}")
+    planted = nbformat.from_dict(json.loads(json.dumps(test)))
+    planted.id = "planted-test"
+    at = nb.cells.index(test)
+    nb.cells[at:at] = [planted, nbformat.v4.new_code_cell(original)]
+    write_submission(root, "planter", ASSIGNMENT, nb)
+    code, out, err = run(root, capsys=capsys)
+    assert code == 0, err
+    flagged = {(r["student_a"], r["student_b"]) for r in rows(root / "grading" / "similarity" / ASSIGNMENT /
+                                                               "similarity.csv")
+               if r["flagged"] == "true" and r["item"] == SDPA}
+    assert ("orig", "planter") in flagged, flagged
