@@ -5,6 +5,6 @@ files), ``release`` (the student notebooks from ``solutions/``) and ``migrate`` 
 to another database). Imports only ``doors/``.
 """
 
-from .course import Course, CourseError, find_course_root, read_json, with_retry, write_json_atomic
+from .course import Course, CourseError, counted_points, find_course_root, read_json, with_retry, write_json_atomic
 
-__all__ = ["Course", "CourseError", "find_course_root", "read_json", "with_retry", "write_json_atomic"]
+__all__ = ["Course", "CourseError", "counted_points", "find_course_root", "read_json", "with_retry", "write_json_atomic"]

@@ -24,7 +24,7 @@ from traitlets.config import Config, PyFileConfigLoader
 
 from ..doors.intake import shown
 
-__all__ = ["Course", "CourseError", "find_course_root", "write_json_atomic", "read_json", "open_gradebook",
+__all__ = ["Course", "CourseError", "counted_points", "find_course_root", "write_json_atomic", "read_json", "open_gradebook",
            "with_retry"]
 
 CONFIG_NAME = "nbgrader_config.py"
@@ -119,6 +119,11 @@ def with_retry(gb: Gradebook, create: Callable[[], Any]) -> Any:
     except InvalidEntry:
         gb.db.rollback()
         return create()
+
+
+def counted_points(auto: float | None, manual: float | None, extra: float | None) -> float:
+    """A grade's points as they count: a person's score over the autograder's, plus extra credit."""
+    return float((manual if manual is not None else (auto or 0.0)) + (extra or 0.0))
 
 
 class Course:

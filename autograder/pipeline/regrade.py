@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..course import Course, CourseError, read_json, write_json_atomic
+from ..course import Course, CourseError, counted_points, read_json, write_json_atomic
 from ..course.migrate import migrate
 from ..course.release import recorded_notebooks
 from ..inside.cells import TEST_PREFIX, item_of, test_id_of
@@ -109,8 +109,8 @@ def _cells(course: Course, assignment: str, students: set[str]) -> dict[str, dic
     for student, notebook, cell, auto, manual, extra, *_ in course.gradebook_rows(assignment):
         if student not in students or not cell.startswith(TEST_PREFIX):
             continue
-        counted = (manual if manual is not None else (auto or 0.0)) + (extra or 0.0)
-        out.setdefault(f"{student}/{notebook}", {})[cell] = {"auto": float(auto or 0.0), "points": float(counted)}
+        out.setdefault(f"{student}/{notebook}", {})[cell] = {"auto": float(auto or 0.0),
+                                                       "points": counted_points(auto, manual, extra)}
     return out
 
 

@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..course import Course, read_json
+from ..course import Course, counted_points, read_json
 from ..inside.cells import TEST_PREFIX, item_of
 
 __all__ = ["Grading", "load_gradings", "summarize", "difference_kind"]
@@ -68,7 +68,7 @@ def load_gradings(course: Course, assignments: list[str] | None = None) -> list[
             if needs and manual is None and kind == "MarkdownCell":  # a written answer nobody has graded yet
                 g.awaiting += float(max_score or 0.0)
             person = manual is not None or extra is not None
-            score = (manual if manual is not None else (auto or 0.0)) + (extra or 0.0)
+            score = counted_points(auto, manual, extra)
             g.score += score
             g.max_score += float(max_score or 0.0)
             if person:

@@ -12,7 +12,7 @@ import shutil
 
 from nbgrader.api import MissingEntry
 
-from ..course import Course, read_json
+from ..course import Course, counted_points, read_json
 from ..course.problems import FLAGS
 from ..doors.intake import shown
 from .grades import late_words, split_points
@@ -199,7 +199,7 @@ def history_table(course: Course, student: str, assignments: list[str] | None = 
                 (r["assignment"], r["notebook"], r["cell"]):
             manual, auto, extra, _max = now.get((r["assignment"], r["notebook"], r["cell"]), (None, None, None, None))
             if manual is not None or extra:
-                counted = (manual if manual is not None else (auto or 0.0)) + (extra or 0.0)
+                counted = counted_points(manual=manual, auto=auto, extra=extra)
                 lines.append(f"  {'':<40} now {counted:g}: set by a person (manual grade"
                              + (f", {extra:g} extra credit" if extra else "") + ")")
     return "\n".join(lines)
