@@ -546,3 +546,44 @@ def write_submission(root: Path, student: str, assignment: str, nb, name: str | 
     path = folder / f"{name or assignment}.ipynb"
     nbformat.write(nb, str(path))
     return path
+
+
+def with_dead_branches(body: str) -> str:
+    """``body`` with a branch that never runs after every simple line (``if False: print('debug')``,
+    and ``if 0:`` / ``while False:`` blocks): lines a copier adds so that no run of tokens is left."""
+    dead = ["if False: print('debug')", "if 0:\n    pass", "while False:\n    print('x')"]
+    out = []
+    for n, line in enumerate(textwrap.dedent(body).strip("\n").split("\n")):
+        out.append(line)
+        if not line.rstrip().endswith(":"):
+            indent = line[:len(line) - len(line.lstrip())]
+            out += [indent + part for part in dead[n % len(dead)].split("\n")]
+    return "\n".join(out)
+
+
+# k1's answer ("cluster") split into helper functions defined in the same cell
+HELPERS = '''def _scores(q, k):
+    head_dim = q.shape[-1]
+    similarity = torch.matmul(q, k.transpose(-2, -1))
+    return similarity * (1.0 / head_dim ** 0.5)
+
+
+def _masked(similarity, mask):
+    blocked = mask.logical_not()
+    return similarity.masked_fill(blocked, torch.finfo(similarity.dtype).min), blocked
+
+
+def _normalised(similarity):
+    similarity = similarity - similarity.logsumexp(dim=-1, keepdim=True)
+    return similarity.exp()
+
+
+''' + _fn(SDPA, """
+    similarity = _scores(q, k)
+    if mask is not None:
+        similarity, blocked = _masked(similarity, mask)
+    attention = _normalised(similarity)
+    if mask is not None:
+        attention = attention.masked_fill(blocked, 0.0)
+    return attention @ v, attention
+    """)

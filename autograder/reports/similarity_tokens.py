@@ -18,6 +18,7 @@ few hundred); the report says when an answer was cut.
 
 from __future__ import annotations
 
+import ast
 import io
 import keyword
 import re
@@ -167,6 +168,177 @@ def _python_statements(source: str) -> list[_Statement]:
     return statements
 
 
+_Token = tuple[str, int, int]
+_OPENING, _CLOSING = frozenset("([{"), frozenset(")]}")
+
+
+def _constant(source: str, statement: _Statement) -> bool | None:
+    """Whether an ``if``/``elif``/``while`` statement's test is a constant that is always true or
+    always false (``False``, ``0``, ``None``, ``""``, ``True``, ``1``), None when it is anything else."""
+    toks = statement[2]
+    if len(toks) < 3 or toks[0][0] not in ("if", "elif", "while") or toks[2][0] != ":":
+        return None
+    word, a, b = toks[1]
+    if word in ("False", "None", "True"):
+        return word == "True"
+    if word in ("N", "S"):
+        try:
+            return bool(ast.literal_eval(source[a:b]))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    return None
+
+
+def _block(statements: list[_Statement], at: int) -> int:
+    """The index after the block that the compound statement ``statements[at]`` opens."""
+    end = at + 1
+    while end < len(statements) and statements[end][0] > statements[at][0]:
+        end += 1
+    return end
+
+
+def _body_of(statements: list[_Statement], at: int) -> list[_Statement]:
+    """What runs when the branch ``statements[at]`` is taken, at the branch's own depth: its body
+    after the colon on the same line, or its block one level out."""
+    depth, _, toks = statements[at]
+    colon = next(i for i, t in enumerate(toks) if t[0] == ":") if toks[0][0] != "else" else 1
+    inline = toks[colon + 1:]
+    if inline:
+        return [(depth, inline[0][0] in _COMPOUND, inline)]
+    return [(d - 1, c, t) for d, c, t in statements[at + 1:_block(statements, at)]]
+
+
+def _chain_end(statements: list[_Statement], at: int) -> int:
+    """The index after the ``if`` (or ``while``) at ``at`` and the ``elif``/``else`` branches it has."""
+    end = _block(statements, at)
+    while end < len(statements) and statements[end][0] == statements[at][0] \
+            and statements[end][2][0][0] in ("elif", "else"):
+        end = _block(statements, end)
+    return end
+
+
+def _taken(statements: list[_Statement], at: int, value: bool) -> list[_Statement]:
+    """What runs of the ``if``/``while`` at ``at`` whose test is always ``value``: the first
+    branch's body, or what follows it (an ``elif`` then reads as an ``if``; an ``else``'s body)."""
+    if value:
+        return _body_of(statements, at)
+    end = _block(statements, at)
+    if end == len(statements) or statements[end][0] != statements[at][0]:
+        return []
+    depth, compound, toks = statements[end]
+    if toks[0][0] == "elif":
+        return [(depth, compound, [("if", *toks[0][1:]), *toks[1:]])] + statements[end + 1:_chain_end(statements, at)]
+    return _body_of(statements, end) if toks[0][0] == "else" else []
+
+
+def _live(statements: list[_Statement], source: str) -> list[_Statement]:
+    """The statements less the branches that can never run (``if False:``, ``if 0:``, ``while
+    False:``, the ``else`` of ``if True:``); a branch that always runs is read as its body (and
+    read again: it may hold dead branches of its own). ``while True:`` is a loop, and stays."""
+    statements, out, i = list(statements), [], 0
+    while i < len(statements):
+        value = _constant(source, statements[i])
+        if value is None or (value and statements[i][2][0][0] == "while"):
+            out.append(statements[i])
+            i += 1
+        else:
+            statements[i:_chain_end(statements, i)] = _taken(statements, i, value)
+    return out
+
+
+def _name(source: str, token: _Token) -> str:
+    return _as_python_reads(source[token[1]:token[2]])
+
+
+def _closing(toks: list[_Token], at: int) -> int:
+    """The index of the bracket that closes the one at ``toks[at]`` (the last token if none does)."""
+    level = 0
+    for i in range(at, len(toks)):
+        level += (toks[i][0] in _OPENING) - (toks[i][0] in _CLOSING)
+        if level == 0:
+            return i
+    return len(toks) - 1
+
+
+def _helpers(units: list[list[_Statement]], source: str) -> dict[str, list[_Statement]]:
+    """The top-level functions that can be read where they are called: a plain ``def`` whose body
+    ends in its only ``return EXPR``, nothing yielded; by name, the body then the return's tokens."""
+    found = {}
+    for unit in units:
+        header, body = unit[0], unit[1:]
+        toks = header[2]
+        if len(toks) < 3 or toks[0][0] != "def" or toks[-1][0] != ":" or not body:
+            continue
+        returns = [s for s in body if s[2][0][0] == "return"]
+        nested = any(t[0] in ("yield", "def", "class", "nonlocal", "global") for s in body for t in s[2])
+        if nested or len(returns) != 1 or body[-1] is not returns[0] or body[-1][0] != 1 or len(body[-1][2]) < 2:
+            continue
+        found[_name(source, toks[1])] = body
+    return found
+
+
+def _inline(body: list[_Statement], helpers: dict[str, list[_Statement]], source: str,
+            budget: list[int]) -> tuple[list[_Statement], set[str]]:
+    """``body`` with each call of a helper (``name(...)``, not an attribute) replaced by the
+    helper's returned expression, its other statements placed before the statement that calls it;
+    ``budget``: inlinings left (a helper that calls itself is read a few times, not forever)."""
+    out: list[_Statement] = []
+    used: set[str] = set()
+    todo = list(body)
+    while todo:
+        depth, compound, toks = todo.pop(0)
+        at = next((j for j, t in enumerate(toks[:-1]) if t[0] == "V" and toks[j + 1][0] == "("
+                   and (j == 0 or toks[j - 1][0] not in (".", "def")) and _name(source, t) in helpers), None)
+        if at is None or budget[0] <= 0 or toks[0][0] in ("elif", "else", "except", "finally", "case"):
+            out.append((depth, compound, toks))
+            continue
+        budget[0] -= 1
+        name = _name(source, toks[at])
+        helper = helpers[name]
+        used.add(name)
+        before = [(d - 1 + depth, c, t) for d, c, t in helper[:-1]]
+        todo[:0] = before + [(depth, compound, toks[:at] + helper[-1][2][1:] + toks[_closing(toks, at + 1) + 1:])]
+    return out, used
+
+
+def _defined(source: str, unit: list[_Statement]) -> str | None:
+    """The name a top-level ``def`` defines (None for any other statement)."""
+    toks = unit[0][2]
+    return _name(source, toks[1]) if toks[0][0] == "def" and len(toks) > 1 else None
+
+
+def _calls(source: str, unit: list[_Statement]) -> set[str]:
+    """The names called in the body of a top-level definition (``name(``, not an attribute)."""
+    return {_name(source, t) for _, _, toks in unit[1:] for j, t in enumerate(toks[:-1])
+            if t[0] == "V" and toks[j + 1][0] == "(" and (j == 0 or toks[j - 1][0] not in (".", "def"))}
+
+
+def _inlined(statements: list[_Statement], source: str) -> list[_Statement]:
+    """Helper functions defined in the answer read where the answer's other functions and classes
+    call them (:func:`_inline`), their own definitions then left out: an answer split into helpers
+    reads as the answer. A function called only at the top level (a test of the answer) stays."""
+    units: list[list[_Statement]] = []
+    for statement in statements:
+        if statement[0] == 0 or not units:
+            units.append([statement])
+        else:
+            units[-1].append(statement)
+    definitions = [u[0][2][0][0] in ("def", "class", "async", "@") for u in units]
+    called = set().union(*[_calls(source, u) - {_defined(source, u)} for u, d in zip(units, definitions) if d])
+    helpers = {name: body for name, body in _helpers(units, source).items() if name in called}
+    if not helpers:
+        return statements
+    budget, out, used = [64], [], set()
+    for unit, definition in zip(units, definitions):
+        if _defined(source, unit) in helpers or not definition:
+            out.append(unit)
+            continue
+        body, some = _inline(unit[1:], helpers, source, budget)
+        used |= some
+        out.append(unit[:1] + body)
+    return [s for unit in out if _defined(source, unit) not in used for s in unit]
+
+
 _PLAIN = re.compile(r"""(?P<comment>\#[^\n]*)|(?P<string>[rRbBuUfF]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'[^'\n]*'|"[^"\n]*"))
                        |(?P<number>\d[\w.]*)|(?P<name>[^\W\d]\w*)|(?P<newline>\n)
                        |(?P<op>\*\*=?|//=?|>>=?|<<=?|[-+*/%@&|^=<>!:]=|->|:=|\S)""", re.X)
@@ -226,7 +398,7 @@ def code_tokens(source: str) -> Tokens:
         statements = _python_statements(readable)
     except (tokenize.TokenError, SyntaxError, ValueError):  # IndentationError is a SyntaxError
         statements = _plain_statements(readable)
-    words, spans = _canonical(statements)
+    words, spans = _canonical(_inlined(_live(statements, readable), readable))
     return Tokens(source, words, spans, cut)
 
 

@@ -302,3 +302,22 @@ def test_a_planted_copy_of_a_test_cell_does_not_hide_the_answer(tmp_path, capsys
                                                                "similarity.csv")
                if r["flagged"] == "true" and r["item"] == SDPA}
     assert ("orig", "planter") in flagged, flagged
+
+
+@pytest.mark.parametrize("trick", ["dead branches", "helpers"])
+def test_dead_branches_and_helper_functions_do_not_hide_a_copy(tmp_path, capsys, trick):
+    """A copy with a branch that never runs after every line (``if False: print('debug')``, ``if 0:``,
+    ``while False:``), or split into helper functions defined in the cell, is flagged with the
+    original (both measured at 0.42 and 0.47 when read as written); no honest student is."""
+    from similarity_class import HELPERS, SDPA_OWN, honest_students, with_dead_branches
+
+    original = _fn(SDPA, SDPA_OWN["cluster"])
+    copy = _fn(SDPA, with_dead_branches(SDPA_OWN["cluster"])) if trick == "dead branches" else HELPERS
+    root = write_course(tmp_path, {**honest_students(), "orig": {SDPA: original}, "copier": {SDPA: copy}})
+    code, out, err = run(root, capsys=capsys)
+    assert code == 0, err
+    flagged = {(r["student_a"], r["student_b"]): float(r["similarity"])
+               for r in rows(root / "grading" / "similarity" / ASSIGNMENT / "similarity.csv")
+               if r["flagged"] == "true"}
+    assert list(flagged) == [("copier", "orig")] and flagged[("copier", "orig")] >= 0.7, flagged
+    assert re.search(r"copier ~ orig: 0\.\d\d", out)

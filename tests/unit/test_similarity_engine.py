@@ -260,3 +260,33 @@ def test_line_endings_and_letters_are_read_as_python_reads_them():
     assert code_tokens(folded).words == code_tokens(answer).words
     tokens = code_tokens("# c\rx = 1\r")  # the spans still point into the answer as written
     assert tokens.words[:3] == ["V", "=", "N"] and [tokens.source[a:b] for a, b in tokens.spans[:3]] == ["x", "=", "1"]
+
+
+def test_branches_that_never_run_are_no_tokens():
+    """``if False:``, ``if 0:``, ``while False:`` (and the dead side of ``if True:``) add nothing:
+    an answer with one after every line reads as the answer; a live ``else`` is kept as code."""
+    answer = "def f(x):\n    s = x @ x.transpose(-2, -1)\n    w = s.softmax(-1)\n    return w @ x\n"
+    padded = ("def f(x):\n    if False: print('debug')\n    s = x @ x.transpose(-2, -1)\n    if 0:\n"
+              "        pass\n    w = s.softmax(-1)\n    while False:\n        print(w)\n    return w @ x\n"
+              "    if None: x = 1\n")
+    assert words(padded) == words(answer)
+    assert words("if False:\n    x = 1\nelse:\n    y = x.sum()\n") == words("y = x.sum()\n")
+    assert words("if True:\n    y = x.sum()\nelse:\n    x = 1\n") == words("y = x.sum()\n")
+    assert words("if 0:\n    x = 1\nelif x:\n    y = x.sum()\n") == words("if x:\n    y = x.sum()\n")
+    assert words("if x:\n    y = 1\n") != words("")  # a branch that may run stays
+    tokens = code_tokens(padded)  # the spans still point into the answer as written
+    assert [tokens.source[a:b] for a, b in tokens.spans[:3]] == ["def", "f", "("]
+
+
+def test_helper_functions_are_read_where_they_are_called():
+    """A helper defined in the cell and called by the answer reads as its body at the call: the
+    answer split into helpers is the answer."""
+    whole = ("def f(q, k):\n    d = q.shape[-1]\n    s = q @ k.transpose(-2, -1)\n    s = s / d ** 0.5\n"
+             "    return s.softmax(-1)\n")
+    split = ("def _scores(q, k):\n    d = q.shape[-1]\n    s = q @ k.transpose(-2, -1)\n    return s / d ** 0.5\n\n\n"
+             "def f(q, k):\n    s = _scores(q, k)\n    return s.softmax(-1)\n")
+    assert words(split) == words(whole)
+    # a function only called at the top level (a test of the answer) is not read into that call
+    assert words(whole + "print(f(1, 2))\n")[:len(words(whole))] == words(whole)
+    recursive = "def g(n):\n    return g(n - 1) if n else 0\n"
+    assert words(recursive)  # read, not inlined forever
