@@ -587,3 +587,39 @@ def _normalised(similarity):
         attention = attention.masked_fill(blocked, 0.0)
     return attention @ v, attention
     """)
+
+
+# --- an honest class of many: each answer a different choice of each step, all correct ---
+_STEPS = [
+    ['scores = q @ k.transpose(-2, -1)', 'scores = torch.matmul(q, k.transpose(-1, -2))',
+     'scores = torch.einsum("...qd,...kd->...qk", q, k)', 'scores = q.matmul(k.mT)',
+     'kt = torch.swapaxes(k, -1, -2)\nscores = torch.matmul(q, kt)'],
+    ['scores = scores / math.sqrt(q.size(-1))', 'scores = scores * q.shape[-1] ** -0.5',
+     'scores = scores / torch.tensor(q.shape[-1], dtype=q.dtype).sqrt()',
+     'scores = torch.div(scores, math.sqrt(k.size(-1)))', 'scores = scores / q.shape[-1] ** 0.5'],
+    ['if mask is not None:\n    scores = scores.masked_fill(~mask, float("-inf"))',
+     'if mask is not None:\n    scores = torch.where(mask, scores, torch.full_like(scores, float("-inf")))',
+     'if mask is not None:\n    scores = scores.masked_fill(mask == 0, -1e9)',
+     'if mask is not None:\n    scores = scores.masked_fill(mask.logical_not(), torch.finfo(scores.dtype).min)',
+     'if mask is not None:\n    scores = scores.masked_fill(torch.logical_not(mask), float("-inf"))'],
+    ['weights = torch.softmax(scores, dim=-1)', 'weights = scores.softmax(-1)',
+     'weights = torch.exp(scores - scores.amax(-1, keepdim=True))\nweights = weights / weights.sum(-1, keepdim=True)',
+     'weights = scores.log_softmax(dim=-1).exp()', 'weights = nn.functional.softmax(scores, -1)'],
+    ['return weights @ v, weights', 'return torch.matmul(weights, v), weights',
+     'out = torch.einsum("...qk,...kd->...qd", weights, v)\nreturn out, weights'],
+]
+
+
+def honest_class(n: int = 40) -> dict[str, dict[str, str]]:
+    """``n`` students who each wrote scaled_dot_product_attention their own way: every step (the
+    product, the scale, the mask, the softmax, the output) one of a few correct ways, and every two
+    students' choices different in at least three of the five steps (what many wrote alike is
+    each step's common line, never the same whole answer)."""
+    import itertools
+    chosen: list[tuple[int, ...]] = []
+    for choice in itertools.product(*[range(len(s)) for s in _STEPS]):
+        if all(sum(a != b for a, b in zip(choice, other)) >= 3 for other in chosen):
+            chosen.append(choice)
+    assert len(chosen) >= n, len(chosen)
+    return {f"s{i:02d}": {SDPA: _fn(SDPA, "\n".join(step[c] for step, c in zip(_STEPS, choice)))}
+            for i, choice in enumerate(chosen[:n])}

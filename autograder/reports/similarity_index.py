@@ -14,6 +14,13 @@ index from fingerprint to students, and the pairs that share more than chance ex
   document frequency of a search engine, ``log(n / df) / log(n / 2)``, for more). How
   many hold it is counted in the item and in the whole assignment, whichever is more: the
   canonical lines of attention are common in every item that has them.
+- **Rings**: what keeps a line many students wrote alike apart from a long answer many
+  handed in alike. A fingerprint that three or more students hold weighs 1 after all (however
+  many: past the limit too), between them, when the same students, and nobody else in any
+  item, hold enough such fingerprints to cover ``ring_tokens`` tokens of each of their
+  answers, outside the notebook's own solution: six, or sixty, copies of one long answer are
+  one flagged group, where a common line is held each time by another set of students and
+  covers a few tokens.
 - **The index** (:class:`ItemIndex`): each fingerprint lists the students who hold it; the
   weights two students share are summed over the lists (never answer against answer), in
   blocks of rows so that a large class needs no n x n table at once.
@@ -63,10 +70,11 @@ class Settings:
     min_prints: int  # an answer with fewer fingerprints that count is divided by this many
     common_share: float = 0.1  # a fingerprint more of the class than this holds is no evidence
     min_common: int = 5  # ... nor one more than this many hold (in a small class)
+    ring_tokens: int = 100  # ... unless the same students hold all of so many tokens of a long answer (a ring)
 
 
-CODE = Settings(k=8, window=4, min_tokens=40, min_prints=10)
-TEXT = Settings(k=3, window=1, min_tokens=20, min_prints=8)
+CODE = Settings(k=8, window=4, min_tokens=40, min_prints=10, ring_tokens=100)
+TEXT = Settings(k=3, window=1, min_tokens=20, min_prints=8, ring_tokens=60)
 
 _BASE = np.uint64(0x9E3779B97F4A7C15)  # an odd 64-bit multiplier (the golden ratio's)
 _IDS: dict[str, int] = {}
@@ -174,9 +182,10 @@ class ItemIndex:
         self.frequency = frequency
         self.hashes, inverse, self.holders = np.unique(hashes, return_inverse=True, return_counts=True)
         self.df = np.maximum(self.holders, self._elsewhere(self.hashes))
-        self.weights = self.weight(self.df)
         order = np.lexsort((owners, inverse))  # entries grouped by fingerprint, students ascending
         self._owners, self._group = owners[order], inverse[order]
+        self.ring = self._rings()
+        self.weights = np.where(self.ring, 1.0, self.weight(self.df))
         counted = self.weights[inverse] > 0
         self.sizes = np.bincount(owners[counted], minlength=n)  # fingerprints of each answer that count
 
@@ -187,6 +196,47 @@ class ItemIndex:
         n = max(len(self.students), 3)
         share = np.log(n / np.maximum(df, 2)) / np.log(n / 2)
         return np.where(df <= self.common, np.clip(share, 0.0, 1.0), 0.0)
+
+    def _holders_of(self, fingerprint: int) -> np.ndarray:
+        """The students (ascending) who hold ``self.hashes[fingerprint]``."""
+        start = int(np.searchsorted(self._group, fingerprint))
+        return self._owners[start:start + int(self.holders[fingerprint])]
+
+    def _rings(self) -> np.ndarray:
+        """Which fingerprints (of ``self.hashes``) are a ring's: held by three students or more
+        (whom the weight discounts) and by nobody else in any item, the same students for each,
+        together covering ``ring_tokens`` tokens of every one of their answers (outside the
+        notebook's own solution): students who handed in the same long answer, not a line many
+        wrote alike. Between them such a fingerprint weighs 1, however many they are (a ring of
+        six is no safer than a pair)."""
+        ring = np.zeros(len(self.hashes), dtype=bool)
+        candidates = np.flatnonzero((self.holders > 2) & (self.df == self.holders)
+                                    & ~within(self.hashes, self.canonical))
+        groups: dict[bytes, list[int]] = {}
+        for fingerprint in candidates:
+            groups.setdefault(self._holders_of(fingerprint).tobytes(), []).append(int(fingerprint))
+        for group in groups.values():
+            held = self.hashes[group]
+            if all(self._coverage(s, held) >= self.settings.ring_tokens for s in self._holders_of(group[0])):
+                ring[group] = True
+        return ring
+
+    def _coverage(self, student: int, hashes: np.ndarray) -> int:
+        """How many tokens of ``student``'s answer the k-grams of ``hashes`` (sorted) cover."""
+        prints = self.prints[student]
+        starts = prints.positions[within(prints.hashes, hashes)]
+        if not len(starts):
+            return 0
+        return int(self._spread(starts, int(starts.max()) + self.settings.k).sum())
+
+    def weights_of(self, hashes: np.ndarray) -> np.ndarray:
+        """What each of ``hashes`` is worth here: its weight in the index (a ring's fingerprint weighs
+        1), or as common as the assignment made it for one the class does not hold."""
+        weights = self.weight(self.df_of(hashes))
+        if not len(self.hashes) or not len(hashes):
+            return weights
+        at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
+        return np.where(self.hashes[at] == hashes, self.weights[at], weights)
 
     def _elsewhere(self, hashes: np.ndarray) -> np.ndarray:
         """How many students hold each of ``hashes`` in any item (0 without ``frequency``)."""
@@ -243,7 +293,7 @@ class ItemIndex:
         if self.reference is None or not self.students:
             return []
         ref = np.unique(self.reference.hashes)
-        ref_size = int(np.sum(self.weight(self.df_of(ref)) > 0))
+        ref_size = int(np.sum(self.weights_of(ref) > 0))
         entries = within(self.hashes[self._group], ref)
         shared = np.bincount(self._owners[entries], weights=self.weights[self._group[entries]],
                              minlength=len(self.students))
@@ -271,7 +321,7 @@ class ItemIndex:
         less every token of a k-gram the released notebook has (a stub's signature)."""
         (pa, wa, sa), (pb, wb, sb) = self._side(a), self._side(b)
         common = np.intersect1d(sa, sb)
-        common = common[self.weight(self.df_of(common)) > 0]
+        common = common[self.weights_of(common) > 0]
         # against the reference, what the notebook's own solution has is left out too (a natural answer)
         known = np.union1d(self.template, self.canonical) if REFERENCE in (a, b) else self.template
         masks = []

@@ -321,3 +321,32 @@ def test_dead_branches_and_helper_functions_do_not_hide_a_copy(tmp_path, capsys,
                if r["flagged"] == "true"}
     assert list(flagged) == [("copier", "orig")] and flagged[("copier", "orig")] >= 0.7, flagged
     assert re.search(r"copier ~ orig: 0\.\d\d", out)
+
+
+def test_an_honest_class_of_forty_flags_nothing(tmp_path):
+    """Forty different correct answers, each step written one of a few common ways (so that every
+    common line is held by many students): nothing is flagged."""
+    from similarity_class import honest_class
+
+    write_course(tmp_path, honest_class(40))
+    assert main(["--course", str(tmp_path), "similarity", ASSIGNMENT]) == 0
+    found = rows(tmp_path / "grading" / "similarity" / ASSIGNMENT / "similarity.csv")
+    assert [r for r in found if r["flagged"] == "true"] == []
+
+
+def test_a_ring_of_six_identical_long_answers_is_one_flagged_group(tmp_path, capsys):
+    """Six students hand in the same long answer in a class of 44 (more than a tenth of the class
+    holds every fingerprint of it): all fifteen pairs are flagged and listed, one group of six."""
+    from similarity_class import SDPA_OWN, honest_class
+
+    ring = [f"r{i}" for i in range(6)]
+    root = write_course(tmp_path, {**honest_class(38), **{r: {SDPA: _fn(SDPA, SDPA_OWN["cluster"])} for r in ring}})
+    code, out, err = run(root, capsys=capsys)
+    assert code == 0, err
+    found = rows(root / "grading" / "similarity" / ASSIGNMENT / "similarity.csv")
+    flagged = {(r["student_a"], r["student_b"]) for r in found if r["flagged"] == "true"}
+    assert flagged == {(a, b) for a in ring for b in ring if a < b}
+    assert out.count("group of r0, r1, r2, r3, r4, r5") == 1
+    page = (root / "grading" / "similarity" / ASSIGNMENT / "index.html").read_text(encoding="utf-8")
+    assert page.count("A group of 6: r0, r1, r2, r3, r4, r5") == 1
+    assert page.count("<td>r0</td><td>r5</td>") == 1  # its pairs listed under it

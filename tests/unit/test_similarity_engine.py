@@ -290,3 +290,24 @@ def test_helper_functions_are_read_where_they_are_called():
     assert words(whole + "print(f(1, 2))\n")[:len(words(whole))] == words(whole)
     recursive = "def g(n):\n    return g(n - 1) if n else 0\n"
     assert words(recursive)  # read, not inlined forever
+
+
+@pytest.mark.parametrize("ring, size", [(6, 44), (60, 200)])
+def test_a_ring_that_handed_in_the_same_long_answer_is_flagged_however_many(ring, size):
+    """``ring`` students of ``size`` hold every fingerprint of one long answer (more than the common
+    limit hold each): every pair of them is flagged, one group; students who share a short common
+    line with them, or with each other, are not."""
+    rng = random.Random(ring)
+    vocabulary = [f"t{i}" for i in range(300)]
+    generic = [rng.choice(vocabulary) for _ in range(14)]  # a line most of the class writes
+    shared = [rng.choice(vocabulary) for _ in range(150)]
+    answers = {f"s{i:03d}": [rng.choice(vocabulary) for _ in range(60)] + generic
+               + [rng.choice(vocabulary) for _ in range(60)] for i in range(size - ring)}
+    answers.update({f"r{i:02d}": shared + generic for i in range(ring)})
+    index = _index(answers)
+    assert index.common < ring
+    pairs = [index.judge(p, 0.5) for p in index.similar_pairs(0.25)]
+    members = sorted(s for s in answers if s.startswith("r"))
+    assert {(p.a, p.b) for p in pairs if p.flagged} == {(a, b) for a in members for b in members if a < b}
+    assert all(p.similarity > 0.9 for p in pairs if p.flagged)
+    assert clusters(pairs) == [members]
