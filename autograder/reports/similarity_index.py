@@ -354,19 +354,25 @@ def class_frequency(prints: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndar
 
 
 def clusters(pairs: list[Pair]) -> list[list[str]]:
-    """Groups of three or more answers joined by flagged pairs (course_lib's reference
-    among them where it is), each sorted, largest first."""
-    parent: dict[str, str] = {}
-
-    def root(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+    """Groups of three or more answers that are all flagged with each other (course_lib's
+    reference among them where it is): the largest such groups (maximal cliques of the flagged
+    pairs, Bron and Kerbosch's search with a pivot), each sorted, largest first. A student
+    flagged with two classmates who share nothing makes no group: those are two pairs."""
+    near: dict[str, set[str]] = {}
     for p in pairs:
-        if p.flagged:
-            parent[root(p.a)] = root(p.b)
-    groups: dict[str, list[str]] = {}
-    for x in parent:
-        groups.setdefault(root(x), []).append(x)
-    return sorted((sorted(g) for g in groups.values() if len(g) >= 3), key=lambda g: (-len(g), g))
+        if p.flagged and p.a != p.b:
+            near.setdefault(p.a, set()).add(p.b)
+            near.setdefault(p.b, set()).add(p.a)
+    found: list[list[str]] = []
+    todo = [(set(), set(near), set())]  # (the group so far, who may join it, who was tried)
+    while todo:
+        group, may, tried = todo.pop()
+        if not may and not tried:
+            if len(group) >= 3:
+                found.append(sorted(group))
+            continue
+        pivot = max(may | tried, key=lambda x: len(near[x] & may))
+        for who in sorted(may - near[pivot]):
+            todo.append((group | {who}, may & near[who], tried & near[who]))
+            may, tried = may - {who}, tried | {who}
+    return sorted(found, key=lambda g: (-len(g), g))

@@ -1,7 +1,8 @@
 """What ``workbook similarity`` writes: the CSV (``item,student_a,student_b,similarity,flagged``),
 one offline HTML page with each flagged pair side by side and the fragments they share
-highlighted (a group of three or more shown once, all its answers side by side), and the
-summary printed on the terminal.
+highlighted (a group of three or more who are all flagged with each other shown once, all its
+answers side by side; a pair no group holds shown on its own), and the summary printed on the
+terminal.
 
 Everything a student wrote (ids, code, written answers) goes out through
 :mod:`autograder.doors.outbound` and :func:`autograder.doors.intake.shown`: CSV cells that
@@ -44,8 +45,9 @@ def write_similarity_csv(path: Path, results: list[ItemResult]) -> str:
     return write_csv(path, csv_rows(results), COLUMNS)
 
 
-def _in_cluster(result: ItemResult) -> set[str]:
-    return {who for group in result.clusters for who in group}
+def _in_group(result: ItemResult, pair) -> bool:
+    """Whether one of the item's groups holds both answers of ``pair`` (it is shown there)."""
+    return any(pair.a in group and pair.b in group for group in result.clusters)
 
 
 def _named(who: str) -> str:
@@ -53,7 +55,8 @@ def _named(who: str) -> str:
 
 
 def summary_lines(answers: ClassAnswers, results: list[ItemResult], threshold: float) -> list[str]:
-    """What the terminal shows: per item, the flagged pairs and the groups (each group once)."""
+    """What the terminal shows: per item, the groups (each once: students all flagged with each
+    other) and every flagged pair no group holds."""
     lines = [f"{answers.assignment}: {len(answers.students)} students read, threshold {threshold:g}"]
     for student, why in sorted(answers.unread.items()):
         lines.append(f"  left out {shown(student, 80)}: {shown(why, 300)}")
@@ -62,13 +65,12 @@ def summary_lines(answers: ClassAnswers, results: list[ItemResult], threshold: f
         flagged = [p for p in r.pairs if p.flagged]
         if not flagged:
             continue
-        grouped = _in_cluster(r)
         lines.append(f"  {shown(r.item, 80)} ({r.kind}, {r.answered} answers): {len(flagged)} flagged "
                      + ("pair" if len(flagged) == 1 else "pairs"))
         for group in r.clusters:
             lines.append("    group of " + ", ".join(shown(_named(w), 80) for w in group))
         for p in flagged:
-            if p.a not in grouped or p.b not in grouped:
+            if not _in_group(r, p):
                 lines.append(f"    {shown(p.a, 80)} ~ {shown(_named(p.b), 80)}: {p.similarity:.2f}")
     if not any(p.flagged for r in results for p in r.pairs):
         lines.append("  nothing flagged")
@@ -163,9 +165,8 @@ def _group_panel(result: ItemResult, group: list[str]) -> str:
 
 def _item_section(result: ItemResult) -> str:
     flagged = [p for p in result.pairs if p.flagged]
-    grouped = _in_cluster(result)
     panels = [_group_panel(result, g) for g in result.clusters]
-    panels += [_pair_panel(result, p) for p in flagged if p.a not in grouped or p.b not in grouped]
+    panels += [_pair_panel(result, p) for p in flagged if not _in_group(result, p)]
     more = (f'<p class="muted">{len(panels) - MAX_PANELS} more pairs and groups are not shown here: '
             "the CSV lists them all.</p>") if len(panels) > MAX_PANELS else ""
     return (f'<h2 id="item-{_e(result.item)}">{_e(result.item)} <span class="muted">({_e(result.notebook)}, '

@@ -350,3 +350,22 @@ def test_a_ring_of_six_identical_long_answers_is_one_flagged_group(tmp_path, cap
     page = (root / "grading" / "similarity" / ASSIGNMENT / "index.html").read_text(encoding="utf-8")
     assert page.count("A group of 6: r0, r1, r2, r3, r4, r5") == 1
     assert page.count("<td>r0</td><td>r5</td>") == 1  # its pairs listed under it
+
+
+def test_a_student_holding_two_classmates_code_names_no_group(tmp_path, capsys):
+    """x's answer holds h07's code and h08's (a second function): x is flagged with each, and the
+    terminal and the page list the two pairs, never a group of h07, h08 and x (who share nothing)."""
+    from similarity_class import SDPA_OWN, honest_students
+
+    both = _fn(SDPA, SDPA_OWN["einsum"]) + "\n\n" + _fn(SDPA, SDPA_OWN["manual_softmax"]).replace(
+        "def scaled_dot_product_attention(", "def attention_again(")
+    root = write_course(tmp_path, {**honest_students(), "x": {SDPA: both}})
+    code, out, err = run(root, capsys=capsys)
+    assert code == 0, err
+    flagged = {(r["student_a"], r["student_b"]) for r in rows(root / "grading" / "similarity" / ASSIGNMENT /
+                                                               "similarity.csv") if r["flagged"] == "true"}
+    assert flagged == {("h07", "x"), ("h08", "x")}
+    assert "group of" not in out
+    assert re.search(r"h07 ~ x: 0\.\d\d", out) and re.search(r"h08 ~ x: 0\.\d\d", out)
+    page = (root / "grading" / "similarity" / ASSIGNMENT / "index.html").read_text(encoding="utf-8")
+    assert "A group of" not in page and "<h3>h07 and x" in page and "<h3>h08 and x" in page

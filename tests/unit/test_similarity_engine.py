@@ -204,10 +204,22 @@ def test_the_reference_is_compared_with_every_answer():
 
 
 def test_groups_of_three_or_more_are_named_once():
-    pairs = [Pair("a", "b", 0.9, flagged=True), Pair("b", "c", 0.9, flagged=True), Pair("d", "e", 0.9, flagged=True),
-             Pair("e", "f", 0.3), Pair("g", REFERENCE, 0.9, flagged=True), Pair("h", REFERENCE, 0.8, flagged=True),
-             Pair("i", REFERENCE, 0.9, flagged=True)]
-    assert clusters(pairs) == [[REFERENCE, "g", "h", "i"], ["a", "b", "c"]]
+    pairs = [Pair("a", "b", 0.9, flagged=True), Pair("b", "c", 0.9, flagged=True), Pair("a", "c", 0.9, flagged=True),
+             Pair("d", "e", 0.9, flagged=True), Pair("e", "f", 0.3), Pair("d", "f", 0.9, flagged=True),
+             Pair("g", REFERENCE, 0.9, flagged=True), Pair("h", REFERENCE, 0.8, flagged=True),
+             Pair("g", "h", 0.9, flagged=True), Pair("i", REFERENCE, 0.9, flagged=True)]
+    assert clusters(pairs) == [["a", "b", "c"], [REFERENCE, "g", "h"]]
+
+
+def test_a_group_is_students_who_all_match_each_other():
+    """One student holding two classmates' code (x ~ a, x ~ b) makes no group of a, b and x: a and
+    b share nothing. Two groups that share a member are two groups, and a chain is no group."""
+    assert clusters([Pair("a", "x", 0.9, flagged=True), Pair("b", "x", 0.9, flagged=True),
+                     Pair("a", "b", 0.0)]) == []
+    square = [Pair(a, b, 0.9, flagged=True) for a, b in ("ab", "bc", "cd", "da")]
+    assert clusters(square) == []
+    two = [Pair(a, b, 0.9, flagged=True) for a, b in ("ab", "ac", "bc", "cd", "ce", "de")]
+    assert clusters(two) == [["a", "b", "c"], ["c", "d", "e"]]
 
 
 def test_fingerprints_are_the_same_in_every_process():
