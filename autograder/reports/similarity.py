@@ -240,11 +240,23 @@ def _kept_metadata(cells: list) -> list[dict]:
 
 def _in_effect(name: str, sources: list[str]) -> str:
     """The code of ``name`` in effect when its test cell runs: from the last of ``sources`` (in
-    the order they run) that defines it to the end (the helpers added after it count too)."""
+    the order they run) that defines it to the end (the helpers added after it count too), after
+    the earlier cells that define the helpers it calls."""
     defines = re.compile(rf"^[ \t]*(?:(?:async[ \t]+)?def|class)[ \t]+{re.escape(name)}\b|^{re.escape(name)}[ \t]*=",
                          re.M)
     last = max((k for k, s in enumerate(sources) if defines.search(s)), default=0)
-    return _unwrapped("\n".join(sources[last:]))
+    code = "\n".join(sources[last:])
+    return _unwrapped("\n".join(_helpers_called(code, sources[:last], defines) + [code]))
+
+
+_DEFINED = re.compile(r"^(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
+
+
+def _helpers_called(code: str, earlier: list[str], defines: re.Pattern) -> list[str]:
+    """The cells of ``earlier`` (in order) that define a function ``code`` calls, and not the item
+    itself (an earlier draft of the answer is not in effect): helpers the answer runs with."""
+    called = set(re.findall(r"(?<![\w.])(\w+)[ \t]*\(", code))
+    return [s for s in earlier if not defines.search(s) and called & set(_DEFINED.findall(s))]
 
 
 _RUNS_A_STRING = {"exec", "eval", "compile"}

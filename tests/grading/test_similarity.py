@@ -369,3 +369,22 @@ def test_a_student_holding_two_classmates_code_names_no_group(tmp_path, capsys):
     assert re.search(r"h07 ~ x: 0\.\d\d", out) and re.search(r"h08 ~ x: 0\.\d\d", out)
     page = (root / "grading" / "similarity" / ASSIGNMENT / "index.html").read_text(encoding="utf-8")
     assert "A group of" not in page and "<h3>h07 and x" in page and "<h3>h08 and x" in page
+
+
+def test_helpers_in_a_cell_above_the_answer_are_read_with_it(tmp_path, capsys):
+    """The helpers of a split copy in a cell the student added above the graded cell run before the
+    test cell too: they are read with the answer that calls them, and the copy is flagged."""
+    from similarity_class import HELPERS, SDPA_OWN, honest_students
+
+    root = write_course(tmp_path, {**honest_students(), "orig": {SDPA: _fn(SDPA, SDPA_OWN["cluster"])}})
+    nb = nbformat.read(str(root / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), as_version=4)
+    helpers, answer = HELPERS.split("def scaled_dot_product_attention")
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == SDPA)
+    cell.source = "def scaled_dot_product_attention" + answer
+    nb.cells.insert(nb.cells.index(cell), nbformat.v4.new_code_cell(helpers))
+    write_submission(root, "copier", ASSIGNMENT, nb)
+    code, out, err = run(root, capsys=capsys)
+    assert code == 0, err
+    flagged = {(r["student_a"], r["student_b"]) for r in rows(root / "grading" / "similarity" / ASSIGNMENT /
+                                                               "similarity.csv") if r["flagged"] == "true"}
+    assert flagged == {("copier", "orig")}
