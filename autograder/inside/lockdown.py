@@ -29,7 +29,7 @@ import ctypes
 import errno
 import os
 
-__all__ = ["REFUSED", "SealError", "build_filter", "lock_down", "seal_status", "clear_keyrings",
+__all__ = ["REFUSED", "SESSIONS", "SealError", "build_filter", "lock_down", "seal_status", "clear_keyrings",
            "NAMESPACE_FLAGS"]
 
 EPERM, ENOSYS = errno.EPERM, errno.ENOSYS
@@ -54,6 +54,12 @@ REFUSED: dict[str, int] = {
                      "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "iopl", "ioperm",
                      "settimeofday", "clock_settime", "lookup_dcookie", "uselib"), EPERM),
 }
+
+# Where the grader cannot give a run a CPU group of its own (autograder/sealing/cpu_share.py), new
+# sessions and process groups are refused too: the kernel's per-session CPU sharing (autogroups)
+# would otherwise give each of a cell's processes in a session of its own as much CPU as a whole
+# notebook graded beside it.
+SESSIONS: dict[str, int] = {"setsid": EPERM, "setpgid": EPERM}
 
 # clone(2) and unshare(2) flags that make a namespace; CLONE_NEWTIME (0x80) only in unshare
 NAMESPACE_FLAGS = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
@@ -86,9 +92,10 @@ def _binding():
     return pyseccomp
 
 
-def build_filter():
+def build_filter(refuse_sessions: bool = False):
     """The seccomp filter (a ``pyseccomp.SyscallFilter``, not loaded): everything allowed
-    but :data:`REFUSED`, namespace flags in ``clone``/``unshare``, and personality changes.
+    but :data:`REFUSED` (and :data:`SESSIONS` with ``refuse_sessions``), namespace flags in
+    ``clone``/``unshare``, and personality changes.
     A system call this libseccomp does not know on this architecture is left out (the kernel
     has none of that number either)."""
     sc = _binding()
@@ -100,7 +107,7 @@ def build_filter():
         if number != _UNKNOWN:  # (an older libseccomp may not know the newest calls)
             f.add_rule(action, number, *args)
 
-    for name, code in REFUSED.items():
+    for name, code in (REFUSED | SESSIONS if refuse_sessions else REFUSED).items():
         rule(sc.ERRNO(code), name)
     for flag in NAMESPACE_FLAGS.values():
         rule(sc.ERRNO(EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
@@ -125,20 +132,22 @@ def clear_keyrings() -> None:
             raise SealError(f"the user's keyring could not be cleared: {os.strerror(ctypes.get_errno())}")
 
 
-def lock_down() -> dict[str, str]:
+def lock_down(refuse_sessions: bool = False) -> dict[str, str]:
     """Clear this user's keyrings, then install the filter on this process (and every
-    process it will start); :class:`SealError` if the kernel refuses. Returns
-    :func:`seal_status`, read after the filter is in."""
+    process it will start; new sessions and process groups refused with ``refuse_sessions``);
+    :class:`SealError` if the kernel refuses. Returns :func:`seal_status`, read after the
+    filter is in."""
     clear_keyrings()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise SealError(f"no_new_privs could not be set: {os.strerror(ctypes.get_errno())}")
     try:
-        build_filter().load()
+        build_filter(refuse_sessions).load()
     except OSError as exc:
         raise SealError(f"the kernel refused the seccomp filter ({exc.strerror or exc}): it needs "
                         "CONFIG_SECCOMP_FILTER (every distribution's kernel has it)") from None
     status = seal_status()
+    status["sessions"] = "refused" if refuse_sessions else "allowed"
     if status.get("Seccomp") != "2":
         raise SealError(f"the seccomp filter is not in force (Seccomp: {status.get('Seccomp')})")
     return status

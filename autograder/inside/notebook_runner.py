@@ -229,7 +229,7 @@ def _seal(setup: dict) -> dict:
         return {"syscall_filter": "off"}
     import lockdown
     try:
-        return {"syscall_filter": "on", **lockdown.lock_down()}
+        return {"syscall_filter": "on", **lockdown.lock_down(refuse_sessions=setup.get("sessions") == "refused")}
     except lockdown.SealError as exc:
         return {"syscall_filter": "failed", "error": str(exc)[:1000], "required": wanted == "required"}
 

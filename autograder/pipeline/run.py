@@ -33,7 +33,7 @@ from .run_protocol import Conversation
 from .run_transcript import Transcript
 from .seals import RUNNER, Seal, seal_for
 
-__all__ = ["run_notebook", "Supervisor", "RUNNER", "known_item"]
+__all__ = ["run_notebook", "Supervisor", "RUNNER", "known_item", "grace_extra"]
 
 GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
 STARVED_MAX = 60.0  # at most this much more for a sandbox kept waiting for a CPU meanwhile (a busy machine)
@@ -59,6 +59,19 @@ def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int, zygote: Z
     finally:
         outcome = supervisor.stop()
     return outcome
+
+
+def grace_extra(extra: float, runner_waited: float | None, grader_waited: float) -> float:
+    """The grace added so far (``extra``) once the runner has waited ``runner_waited`` seconds
+    for a CPU since the cell's limit (None: unknown) and the grader ``grader_waited``: the
+    longest wait of the runner's, less the grader's, so that the grace added and the grader's
+    own lateness together never pass :data:`STARVED_MAX`."""
+    longest = extra if runner_waited is None else max(extra, runner_waited)
+    return max(0.0, min(STARVED_MAX - grader_waited, longest))
+
+
+def _since(then: float | None, now: float | None) -> float:
+    return max(0.0, now - then) if then is not None and now is not None else 0.0
 
 
 def known_item(item: str) -> bool:
@@ -94,6 +107,7 @@ class Supervisor:
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
         # the cell whose limit has passed, its runner's run-queue delay then, the grace added since, when last read
         self._grace: tuple[int | None, float | None, float, float] = (None, None, 0.0, 0.0)
+        self._own_at_limit: float | None = None  # the grader's own run-queue delay at the cell's limit
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
         self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device,
@@ -126,11 +140,12 @@ class Supervisor:
             if budget <= 0:
                 break
         return {"type": "setup", "cells": cells, "files": files, "limits": self.limits.__dict__.copy(),
-                "syscall_filter": self.seal.syscall_filter}
+                "syscall_filter": self.seal.syscall_filter, "sessions": self.seal.sessions}
 
     def start(self) -> None:
         parent, child = socket.socketpair()
         self.sock = parent
+        self.seal.share_cpu(self.job)
         try:
             self.process = self.seal.start(self, child)
         finally:
@@ -154,6 +169,7 @@ class Supervisor:
                     pass
                 code = None
         self.seal.clean_up(self)
+        self.seal.release_cpu()
         if self.sock is not None:
             self.sock.close()
         run, talk = self.transcript, self.conversation
@@ -162,7 +178,7 @@ class Supervisor:
         return RunOutcome(self.nb, self.tests, self.items, self.salts, str(self.device), talk.plans, talk.answers,
                           run.outputs, run.counts, run.ending or Ending.FINISHED, run.reason, run.ended_at,
                           run.events, self.seal.isolation.value, self.survivors, talk.oracle_calls, self.seal.how,
-                          talk.seal)
+                          {**talk.seal, "cpu": self.seal.cpu_words})
 
     def memory_mb(self) -> float:
         """Memory the notebook's processes use together beyond what they used when its first cell
@@ -206,8 +222,10 @@ class Supervisor:
                 return
             if run.current is not None and now >= run.cell_started + self.limits.cell_timeout + GRACE:
                 if now >= run.cell_started + self.limits.cell_timeout + GRACE + self._starved(run, now):
+                    late = now - run.cell_started - self.limits.cell_timeout
                     run.end(Ending.CELL_TIMEOUT, f"the cell ran longer than the {self.limits.cell_timeout} s limit "
-                                                 "and did not stop when interrupted", run.current, "cell_timeout")
+                                                 f"and did not stop when interrupted (stopped {late:.1f} s after "
+                                                 "the limit)", run.current, "cell_timeout")
                     return
             elif run.current is not None and now >= run.cell_started + self.limits.cell_timeout:
                 self._starved(run, now)  # the run-queue delay counts from the cell's limit on
@@ -244,15 +262,19 @@ class Supervisor:
         """The seconds added to the current cell's grace: how long the notebook's runner, once
         the cell's limit had passed, waited for a CPU (the interrupt is handled by the
         runner's main thread; on a machine busy with other sandboxes it can wait longer than
-        the grace itself). Read at most twice a second; 0 where the kernel does not say."""
+        the grace itself), less what the grader itself waited for one meanwhile (its own
+        lateness, which the bound must hold too: at most :data:`STARVED_MAX` in all, on the
+        grader's clock). Read at most twice a second; 0 where the kernel does not say."""
         cell, at_limit, extra, read_at = self._grace
         if cell != run.current:
             waited = sandbox.run_queue_seconds(self.process.pid) if self.process.pid else None
             self._grace = (run.current, waited, 0.0, now)
+            self._own_at_limit = sandbox.own_run_queue_seconds()
             return 0.0
         if at_limit is not None and now - read_at >= 0.5:
             waited = sandbox.run_queue_seconds(self.process.pid) if self.process.pid else None
-            extra = min(STARVED_MAX, max(extra, waited - at_limit)) if waited is not None else extra
+            extra = grace_extra(extra, waited - at_limit if waited is not None else None,
+                                _since(self._own_at_limit, sandbox.own_run_queue_seconds()))
             self._grace = (cell, at_limit, extra, now)
         return extra
 

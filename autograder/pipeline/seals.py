@@ -13,6 +13,11 @@ Each gives the run a handle with what the supervisor needs of the process (autog
 the run's memory is counted and what to clean up after it. ``syscall_filter`` is what the runner
 is asked to do with the seccomp filter (autograder/inside/lockdown.py): required in bubblewrap,
 where the kernel allows it in container mode, not at all unsealed.
+
+Every run gets a CPU share of its own (autograder/sealing/cpu_share.py): its processes in a
+cgroup capped at its ``threads`` CPUs, made by :meth:`Seal.share_cpu` before the process
+starts and removed, with whatever is left in it, by :meth:`Seal.release_cpu`; where no group
+can be made, the runner's filter refuses new sessions instead (``sessions``: ``refused``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Protocol
 
 from ..course.problems import problem
 from ..doors.outbound import clean_text
-from ..sealing import container, sandbox
+from ..sealing import container, cpu_share, sandbox
 from ..sealing.isolation import Isolation
 from ..sealing.zygote import Child, Zygote
 from .handoffs import Job
@@ -77,6 +82,30 @@ class Seal:
     isolation = Isolation.BUBBLEWRAP
     how = ""  # the way within it, for the run's summary
     syscall_filter = "required"
+    cpu: cpu_share.CpuGroup | None = None  # the run's CPU group (share_cpu), if one could be made
+    cpu_words = ""  # how the run's CPU was shared, for the run's summary
+
+    def share_cpu(self, job: Job) -> None:
+        """Make the run's CPU group (before :meth:`start`), or say why there is none."""
+        groups, why = cpu_share.found()
+        if groups is not None:
+            try:
+                self.cpu = groups.make(str(job.get("job_id", "job")), int(job.get("threads", 1)))
+                self.cpu_words = groups.words()
+                return
+            except OSError as exc:
+                why = f"the run's group could not be made: {exc.strerror or exc}"
+        self.cpu_words = f"new sessions refused (no CPU group: {why})" if self.syscall_filter != "off" else ""
+
+    @property
+    def sessions(self) -> str:
+        """What the runner's filter does with ``setsid``/``setpgid``: refused without a CPU group."""
+        return "allowed" if self.cpu is not None else "refused"
+
+    def release_cpu(self) -> list[int]:
+        """Remove the run's CPU group, killing what is still in it: the PIDs it held."""
+        group, self.cpu = self.cpu, None
+        return group.close() if group is not None else []
 
     def start(self, run: Supervisor, channel: socket.socket) -> Started | Child:
         raise NotImplementedError
@@ -99,10 +128,18 @@ class Seal:
         log = open(run.job_dir / "sandbox.log", "wb")
         try:
             process = subprocess.Popen(argv, pass_fds=(channel.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=log, env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec)
+                                       stderr=log, env=env, cwd=cwd, start_new_session=True,
+                                       preexec_fn=functools.partial(_enter, self.cpu, preexec))
         finally:
             log.close()
         return Started(process)
+
+
+def _enter(group: cpu_share.CpuGroup | None, preexec) -> None:
+    """In the sealed process before its program starts: into the run's CPU group, then ``preexec``."""
+    if group is not None:
+        group.add_self()
+    preexec()
 
 
 def _floor(run: Supervisor) -> int:
@@ -137,7 +174,11 @@ class Forked(Seal):
             return self.zygote.fork(run.job.get("job_id", "job"), run.limits, channel, log.fileno())
 
     def attach(self, handle: Child, sock: socket.socket) -> None:
+        """The runner's PID (from its first byte), and the runner into the run's CPU group
+        before it runs a cell (what it starts later is in the group with it)."""
         handle.attach(sock)
+        if self.cpu is not None and handle.pid is not None:
+            self.cpu.add(handle.pid)
 
     def memory_mb(self, handle: Child, run: Supervisor) -> float:
         return sandbox.tree_memory_mb(handle.memory_root)  # the zygote's pages with the child's

@@ -150,4 +150,6 @@ def seal_check(isolation_name: str = "bubblewrap") -> tuple[bool, str]:
     words = seal.get("how", "")
     if seal.get("syscall_filter") == "on":
         words += ", behind a seccomp filter"
+    if seal.get("cpu"):
+        words += f", {seal['cpu']}"
     return True, words

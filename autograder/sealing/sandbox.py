@@ -178,6 +178,16 @@ def run_queue_seconds(root: int) -> float | None:
         return None
 
 
+def own_run_queue_seconds() -> float | None:
+    """Seconds the calling thread (the grader's, serving a run) has spent ready to run but kept
+    off the CPU (``/proc/thread-self/schedstat``); None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _memory_kb(pid: int, field: str) -> int:
     try:
         if field == "Rss":  # cheap: one line of statm
