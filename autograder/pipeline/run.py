@@ -11,6 +11,7 @@ is handed to the judge as a :class:`~autograder.pipeline.handoffs.RunOutcome`.
 
 from __future__ import annotations
 
+import functools
 import json
 import select
 import socket
@@ -24,7 +25,7 @@ from course_lib.grading import get_spec
 from course_lib.grading.answer.wire import WireLimits
 
 from ..inside.cells import is_test_cell, item_of, nbgrader_meta
-from ..inside.channel import MAX_FRAME, Channel, FrameReader, ProtocolError
+from ..inside.channel import MAX_FRAME, FrameReader, ProtocolError
 from ..sealing import sandbox
 from ..sealing.isolation import Isolation
 from ..sealing.zygote import Zygote
@@ -51,8 +52,7 @@ def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int, zygote: Z
     stopped before this returns. ``uid``: the bubblewrap sandbox's user when the grader is
     root; ``zygote``: the worker's, to fork the run from (bubblewrap as root), else a fresh
     sandbox (``why_not_zygote`` says why, for the run's summary)."""
-    supervisor = Supervisor(job, course_copy, job_dir, uid, seal_for(Isolation.of(job.get("isolation")),
-                                                                     zygote, why_not_zygote))
+    supervisor = Supervisor(job, course_copy, job_dir, uid, zygote=zygote, why_not_zygote=why_not_zygote)
     try:
         supervisor.start()
         supervisor.serve()
@@ -85,7 +85,8 @@ def known_item(item: str) -> bool:
 class Supervisor:
     """One notebook's sealed process: started, watched (time, memory), served, stopped."""
 
-    def __init__(self, job: Job, course_copy: Path, job_dir: Path, uid: int, seal: Seal | None = None) -> None:
+    def __init__(self, job: Job, course_copy: Path, job_dir: Path, uid: int, zygote: Zygote | None = None,
+                 why_not_zygote: str = "") -> None:
         self.job = job
         self.course_copy = course_copy
         self.job_dir = job_dir
@@ -101,7 +102,6 @@ class Supervisor:
                 self.tests[gid] = item_of(gid)
                 test_cell.setdefault(item_of(gid), index)
         self.items = [i for i in self.tests.values() if known_item(i)]
-        self.seal = seal or seal_for(Isolation.of(job.get("isolation")), None)
         self.process = None  # the sealed process's handle (autograder/pipeline/seals.py)
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
@@ -110,9 +110,10 @@ class Supervisor:
         self._own_at_limit: float | None = None  # the grader's own run-queue delay at the cell's limit
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
+        # how the process is sealed off (and how its memory is counted)
+        self.seal: Seal = seal_for(Isolation.of(job.get("isolation")), zygote, why_not_zygote)
         self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device,
-                                         on_ready=self._measure_baseline)
-        self.baseline_mb = 0.0  # what the processes used when the first cell was about to start
+                                         on_ready=functools.partial(self.seal.measure_baseline, self))
 
     # -- starting -----------------------------------------------------------
     def _setup_message(self) -> dict:
@@ -139,20 +140,13 @@ class Supervisor:
             files[rel] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
             if budget <= 0:
                 break
-        return {"type": "setup", "cells": cells, "files": files, "limits": self.limits.__dict__.copy(),
-                "syscall_filter": self.seal.syscall_filter, "sessions": self.seal.sessions}
+        return {"type": "setup", "cells": cells, "files": files, "limits": self.limits.__dict__.copy()}
 
     def start(self) -> None:
-        parent, child = socket.socketpair()
-        self.sock = parent
-        self.seal.share_cpu(self.job)
-        try:
-            self.process = self.seal.start(self, child)
-        finally:
-            child.close()
-        Channel(parent).send(self._setup_message())
-        self.seal.attach(self.process, parent)
-        self.conversation.sock = parent
+        """Start the sealed process and hand it the notebook (the seal adds what it asks of the
+        runner's own seal)."""
+        self.process = self.seal.open(self, self._setup_message())
+        self.conversation.sock = self.sock
 
     def stop(self) -> RunOutcome:
         """Stop the sandbox and everything in it (and the oracle); what the run kept, and how
@@ -180,17 +174,6 @@ class Supervisor:
                           run.events, self.seal.isolation.value, self.survivors, talk.oracle_calls, self.seal.how,
                           {**talk.seal, "cpu": self.seal.cpu_words})
 
-    def memory_mb(self) -> float:
-        """Memory the notebook's processes use together beyond what they used when its first cell
-        was about to start (the runner, torch, IPython: the grader's, not the notebook's), as the
-        ``memory_mb`` limit counts it; for a child of a zygote, less the pages it may have copied
-        from its zygote by writing to them (a fresh process has them already)."""
-        slack = self.seal.slack_mb(self.process)
-        return max(0.0, self.seal.memory_mb(self.process, self) - self.baseline_mb - slack)
-
-    def _measure_baseline(self) -> None:
-        self.baseline_mb = self.seal.memory_mb(self.process, self)
-
     # -- serving --------------------------------------------------------------
     def serve(self) -> None:
         """Answer the notebook's messages until it is done, or stop it: out of time (the
@@ -203,36 +186,37 @@ class Supervisor:
         next_memory_check = started
         while not run.done:
             now = time.monotonic()
+            current, cell_started = run.current, run.cell_started
             if self.limits.memory_mb and now >= next_memory_check:
                 # RLIMIT_AS caps each process; the notebook's processes together share
                 # the same limit, checked here
                 next_memory_check = now + MEMORY_CHECK
-                used = self.memory_mb()
+                used = self.seal.used_mb(self)
                 if used > self.limits.memory_mb:
                     run.end(Ending.OUT_OF_MEMORY, f"the notebook's processes together used {used:.0f} MB (beyond "
                                                   "the grader's own, at the first cell), more than the "
                                                   f"{self.limits.memory_mb} MB limit, and were stopped",
-                            run.current, "memory")
+                            current, "memory")
                     return
             # the deadlines are checked on every turn: a sandbox that never stops sending
             # cannot keep its notebook running
             if now >= deadline:
                 run.end(Ending.NOTEBOOK_TIMEOUT, f"the notebook time limit ({self.limits.notebook_timeout} s) was "
-                                                 "reached", run.current, "notebook_timeout")
+                                                 "reached", current, "notebook_timeout")
                 return
-            if run.current is not None and now >= run.cell_started + self.limits.cell_timeout + GRACE:
-                if now >= run.cell_started + self.limits.cell_timeout + GRACE + self._starved(run, now):
-                    late = now - run.cell_started - self.limits.cell_timeout
+            if current is not None and now >= cell_started + self.limits.cell_timeout + GRACE:
+                if now >= cell_started + self.limits.cell_timeout + GRACE + self._starved(current, now):
+                    late = now - cell_started - self.limits.cell_timeout
                     run.end(Ending.CELL_TIMEOUT, f"the cell ran longer than the {self.limits.cell_timeout} s limit "
                                                  f"and did not stop when interrupted (stopped {late:.1f} s after "
-                                                 "the limit)", run.current, "cell_timeout")
+                                                 "the limit)", current, "cell_timeout")
                     return
-            elif run.current is not None and now >= run.cell_started + self.limits.cell_timeout:
-                self._starved(run, now)  # the run-queue delay counts from the cell's limit on
+            elif current is not None and now >= cell_started + self.limits.cell_timeout:
+                self._starved(current, now)  # the run-queue delay counts from the cell's limit on
             waits = [deadline - now] + ([next_memory_check - now] if self.limits.memory_mb else [])
-            if run.current is not None:
-                limit = run.cell_started + self.limits.cell_timeout
-                waits.append((limit if now < limit and self._grace[0] != run.current else
+            if current is not None:
+                limit = cell_started + self.limits.cell_timeout
+                waits.append((limit if now < limit and self._grace[0] != current else
                               limit + GRACE + self._grace[2]) - now)
             ready, _, _ = select.select([self.sock], [], [], max(0.0, min(waits)))
             if not ready:
@@ -258,7 +242,7 @@ class Supervisor:
                                                 f"protocol ({exc})", run.current, "protocol")
                 return
 
-    def _starved(self, run: Transcript, now: float) -> float:
+    def _starved(self, current: int, now: float) -> float:
         """The seconds added to the current cell's grace: how long the notebook's runner, once
         the cell's limit had passed, waited for a CPU (the interrupt is handled by the
         runner's main thread; on a machine busy with other sandboxes it can wait longer than
@@ -266,9 +250,9 @@ class Supervisor:
         lateness, which the bound must hold too: at most :data:`STARVED_MAX` in all, on the
         grader's clock). Read at most twice a second; 0 where the kernel does not say."""
         cell, at_limit, extra, read_at = self._grace
-        if cell != run.current:
+        if cell != current:
             waited = sandbox.run_queue_seconds(self.process.pid) if self.process.pid else None
-            self._grace = (run.current, waited, 0.0, now)
+            self._grace = (current, waited, 0.0, now)
             self._own_at_limit = sandbox.own_run_queue_seconds()
             return 0.0
         if at_limit is not None and now - read_at >= 0.5:

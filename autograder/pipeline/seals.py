@@ -33,6 +33,7 @@ from typing import Protocol
 
 from ..course.problems import problem
 from ..doors.outbound import clean_text
+from ..inside.channel import Channel
 from ..sealing import container, cpu_share, sandbox
 from ..sealing.isolation import Isolation
 from ..sealing.zygote import Child, Zygote
@@ -71,6 +72,7 @@ class Supervisor(Protocol):
     course_copy: Path
     uid: int
     limits: sandbox.Limits
+    process: Started | Child | None
     sock: socket.socket | None
     transcript: Transcript
     survivors: list[int]
@@ -107,6 +109,24 @@ class Seal:
         group, self.cpu = self.cpu, None
         return group.close() if group is not None else []
 
+    baseline_mb = 0.0  # what the run's processes used when its first cell was about to start
+
+    def open(self, run: Supervisor, setup: dict) -> Started | Child:
+        """Start the run's sealed process on a socket pair (the grader's end as ``run.sock``,
+        closed by the supervisor whatever happens here) and hand it ``setup``, with what is
+        asked of the runner's own seal: its CPU group first (:meth:`share_cpu`), then the
+        process (:meth:`start`), then the set-up message, then whatever the handle must learn
+        from the runner (:meth:`attach`)."""
+        self.share_cpu(run.job)
+        run.sock, child = socket.socketpair()
+        try:
+            handle = self.start(run, child)
+        finally:
+            child.close()
+        Channel(run.sock).send({**setup, "syscall_filter": self.syscall_filter, "sessions": self.sessions})
+        self.attach(handle, run.sock)
+        return handle
+
     def start(self, run: Supervisor, channel: socket.socket) -> Started | Child:
         raise NotImplementedError
 
@@ -114,7 +134,20 @@ class Seal:
         """Once the set-up message is sent: whatever the handle must learn from the runner."""
 
     def memory_mb(self, handle: Started | Child, run: Supervisor) -> float:
+        """What the run's processes use now, in MB."""
         return sandbox.tree_memory_mb(handle.memory_root)
+
+    def measure_baseline(self, run: Supervisor) -> None:
+        """When the first cell is about to start: what the runner, torch and IPython use (the
+        grader's, not the notebook's)."""
+        self.baseline_mb = self.memory_mb(run.process, run)
+
+    def used_mb(self, run: Supervisor) -> float:
+        """Memory the notebook's processes use together beyond the baseline, as the ``memory_mb``
+        limit counts it; for a child of a zygote, less the pages it may have copied from its
+        zygote by writing to them (a fresh process has them already: :meth:`slack_mb`)."""
+        slack = self.slack_mb(run.process)
+        return max(0.0, self.memory_mb(run.process, run) - self.baseline_mb - slack)
 
     def slack_mb(self, handle: Started | Child) -> float:
         """Memory the run may come to use that a fresh process would not (none but a forked one's)."""

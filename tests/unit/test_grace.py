@@ -35,6 +35,5 @@ def test_a_supervisor_reads_both_waits_from_the_cells_limit_on(monkeypatch):
     supervisor = Supervisor.__new__(Supervisor)
     supervisor.process = SimpleNamespace(pid=1234)
     supervisor._grace = (None, None, 0.0, 0.0)
-    transcript = SimpleNamespace(current=3)
-    assert supervisor._starved(transcript, now=10.0) == 0.0  # at the limit: the waits so far
-    assert supervisor._starved(transcript, now=11.0) == pytest.approx(STARVED_MAX - 25.0)
+    assert supervisor._starved(3, now=10.0) == 0.0  # cell 3 at its limit: the waits so far
+    assert supervisor._starved(3, now=11.0) == pytest.approx(STARVED_MAX - 25.0)
