@@ -157,6 +157,9 @@ def test_workbook_check_says_the_machine_is_ready(tmp_path, capsys):
     assert cli.main(["--course", str(tmp_path), "check"]) == 0
     out = capsys.readouterr().out
     assert "sandbox: ready (bubblewrap at " in out
+    from autograder.sealing import cpu_share
+    groups, why = cpu_share.found()  # how each run's CPU is shared, said either way
+    assert (groups.words() if groups else f"new sessions refused (no CPU group: {why})") in out, out
     assert f"gradebook: a SQLite file, {tmp_path.resolve()}/gradebook.db (made by the first" in out
     assert out.rstrip().endswith("ready to grade")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nbgrader_config.py"]  # checking made nothing
