@@ -14,19 +14,23 @@ address instead of starting another. It needs no shell and no ``make``: the same
 works in PowerShell (``.venv\\Scripts\\python -m course_lib.workspace``), on macOS and on Linux.
 
 On a shared machine (a lab's computers, a group-writable pair-work folder) another account may
-plant links: nothing here follows one. A notebook in ``notebooks/`` that is a link is skipped; in
-``work/`` every file is written to a new file beside its place and moved there (``os.replace``
-replaces a link, never what it points to), into a folder that is no link and lies inside
-``work/``; a ``work/`` that another account can write is refused. A copy keeps its notebook's
-permissions (a private notebook stays private).
+plant links: nothing here follows one. ``notebooks/``, ``work/`` and each notebook folder in them
+are opened once, never through a link, and used through what was opened (on POSIX, relative to
+its descriptor), so that a folder swapped for a link afterwards changes nothing. A notebook in
+``notebooks/`` that is a link is skipped; in ``work/`` every file is written to a new file beside
+its place and moved there (``os.replace`` replaces a link, never what it points to). A ``work/``,
+or a notebook folder in it, that another account can write is refused, saying how to fix it. A
+copy keeps its notebook's permissions (a private notebook stays private).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import secrets
 import stat
 import sys
 import tempfile
@@ -38,20 +42,22 @@ REPO = Path(__file__).resolve().parents[1]
 MANIFEST = ".course-versions.json"  # notebook -> the course versions (sha256) copied or offered
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _free_name(folder: Path, stem: str) -> Path:
+def _free_name(folder: _Folder, stem: str) -> str:
+    """The first ``<stem> (course update N).ipynb`` not taken in ``folder`` (a dangling link is taken too)."""
     n = 1
-    while os.path.lexists(folder / f"{stem} (course update {n}).ipynb"):  # a dangling link is taken too
+    while folder.lstat(f"{stem} (course update {n}).ipynb") is not None:
         n += 1
-    return folder / f"{stem} (course update {n}).ipynb"
+    return f"{stem} (course update {n}).ipynb"
 
 
-def _read_plain(path: Path) -> bytes:
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # (Windows has none: each name is checked for a link first)
+_DIR_FD = {os.open, os.mkdir, os.stat, os.rename, os.unlink} <= os.supports_dir_fd and os.scandir in os.supports_fd
+
+
+def _read_plain(path: Path | str, dir_fd: int | None = None) -> bytes:
     """The bytes of a regular file, never through a link (OSError otherwise)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0),
+                 dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a file")
@@ -63,72 +69,273 @@ def _read_plain(path: Path) -> bytes:
         os.close(fd)
 
 
-def _write_in(work: Path, target: Path, data: bytes, mode: int = 0o644) -> None:
-    """``data`` at ``target``, inside ``work``: written to a new file in its folder, then moved
-    onto the name (a link there is replaced, not followed), with ``mode``."""
-    folder = target.parent
-    _folder_in(work, folder)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".workspace-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _folder_in(work: Path, folder: Path) -> None:
-    """``folder`` made if needed, each of its parts below ``work`` a real folder (no link)."""
-    path = work
-    for name in folder.relative_to(work).parts:
-        path = path / name
-        if path.is_symlink():
-            raise _Refused(f"{path.relative_to(work).as_posix()} in {work.name}/ is a link: not followed")
-        if not path.exists():
-            path.mkdir(mode=0o755)
-        elif not path.is_dir():
-            raise _Refused(f"{path.relative_to(work).as_posix()} in {work.name}/ is not a folder")
-    if not folder.resolve().is_relative_to(work.resolve()):
-        raise _Refused(f"{folder} lies outside {work}")
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` written to the open file ``fd``."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class _Refused(Exception):
     """A file of the workspace that is not written: why (a link, a place outside work/)."""
 
 
+class _Folder:
+    """A folder opened once and never through a link, so that what is read or written in it stays in
+    it even if its name is swapped for a link afterwards.
+
+    On POSIX it is held open (``fd``) and every name in it is used relative to that descriptor
+    (``dir_fd=``, as ``openat`` does); a link in a name's place is never followed. Windows has no
+    ``dir_fd``: there ``fd`` is None and each name is used by path, checked for a link first.
+    """
+
+    def __init__(self, path: Path, fd: int | None) -> None:
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def open(cls, path: Path, parent: _Folder | None = None) -> _Folder:
+        """``path`` (a name in ``parent`` if given) opened; _Refused if it is a link or no folder."""
+        label = str(path) if parent is None else f"{path.name} in {parent.path.name}/"
+        if not _DIR_FD:
+            if path.is_symlink():
+                raise _Refused(f"{label} is a link: not followed")
+            if not path.is_dir():
+                raise _Refused(f"{label} is not a folder")
+            if parent is not None and not path.resolve().is_relative_to(parent.path.resolve()):
+                raise _Refused(f"{path} lies outside {parent.path}")
+            return cls(path, None)
+        try:
+            fd = os.open(path if parent is None else path.name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW,
+                         dir_fd=None if parent is None else parent.fd)
+        except OSError as exc:
+            if parent is not None:
+                there = parent.lstat(path.name)
+            else:
+                there = os.lstat(path) if os.path.lexists(path) else None
+            if there is not None and stat.S_ISLNK(there.st_mode):
+                raise _Refused(f"{label} is a link: not followed") from None
+            raise _Refused(f"{label} is not a folder ({exc.strerror})") from None
+        return cls(path, fd)
+
+    def close(self) -> None:
+        """The descriptor given back (POSIX); nothing more is done through this folder."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> _Folder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def info(self) -> os.stat_result:
+        """The folder's own owner and mode (of what was opened, not of what its name is now)."""
+        return os.lstat(self.path) if self.fd is None else os.fstat(self.fd)
+
+    def lstat(self, name: str) -> os.stat_result | None:
+        """What ``name`` in the folder is (a link as a link), or None when there is nothing."""
+        try:
+            if self.fd is None:
+                return os.lstat(self.path / name)
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def names(self) -> list[str]:
+        """The names in the folder, sorted."""
+        with os.scandir(self.path if self.fd is None else self.fd) as entries:
+            return sorted(entry.name for entry in entries)
+
+    def sub(self, name: str, create: bool = False) -> _Folder:
+        """The folder ``name`` in this one, opened (made first, if ``create`` and there is nothing)."""
+        if create and self.lstat(name) is None:
+            if self.fd is None:
+                (self.path / name).mkdir(mode=0o755)
+            else:
+                os.mkdir(name, mode=0o755, dir_fd=self.fd)
+        return _Folder.open(self.path / name, parent=self)
+
+    def read(self, name: str) -> bytes:
+        """The bytes of the file ``name`` in the folder, never through a link (OSError otherwise)."""
+        return _read_plain(self.path / name) if self.fd is None else _read_plain(name, dir_fd=self.fd)
+
+    def write(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        """``data`` at ``name``, with ``mode``: written to a new file beside it, then moved onto the
+        name (a link there is replaced, not followed)."""
+        if self.fd is None:  # Windows
+            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".workspace-", suffix=".tmp")
+            try:
+                _write_all(fd, data)
+                os.close(fd)
+                os.chmod(tmp, mode)  # (no os.fchmod on Windows before Python 3.13)
+                os.replace(tmp, self.path / name)
+            except BaseException:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+                raise
+            return
+        fd, tmp = self._new_file()
+        try:
+            try:
+                _write_all(fd, data)
+                os.fchmod(fd, mode)  # the file written, whatever its name is now
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            if self.lstat(tmp) is not None:
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
+
+    def _new_file(self) -> tuple[int, str]:
+        """A new, empty file of this account's in the folder (POSIX), open for writing: (fd, name)."""
+        while True:
+            tmp = f".workspace-{secrets.token_hex(8)}.tmp"
+            try:
+                return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=self.fd), tmp
+            except FileExistsError:
+                continue
+
+
 def _others_can_write(info: os.stat_result) -> bool:
     """Whether an account other than this one may write a folder with ``info`` (POSIX): one
     that is not ours, or writable by all, or by a group that is not this account's own
-    (Debian and Ubuntu give each user a group of their own, and a umask of 002)."""
+    (Debian and Ubuntu give each user a group of their own, and a umask of 002). This account
+    is the one the process runs as, never what ``$USER`` says."""
     if not hasattr(os, "geteuid"):
         return False  # (Windows: the folder's ACL, which the student's profile sets)
     if info.st_uid != os.geteuid() or info.st_mode & stat.S_IWOTH:
         return True
     if not info.st_mode & stat.S_IWGRP:
         return False
+    if info.st_gid != os.getegid():
+        return True
     import grp
+    import pwd
 
     try:
-        group = grp.getgrgid(info.st_gid)
+        members, me = set(grp.getgrgid(info.st_gid).gr_mem), pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return True
-    return info.st_gid != os.getegid() or bool(set(group.gr_mem) - {os.environ.get("USER", "")})
+    return bool(members - {me})
 
 
-def _check_work(work: Path) -> None:
-    """``work`` is a folder of this account's that no other account can write (a link to one is
-    refused too); SystemExit saying how to fix it otherwise."""
-    if work.is_symlink():
-        raise SystemExit(f"{work} is a link; make it a folder of your own (move the link away)")
-    if not work.exists():
+def _owner(info: os.stat_result) -> str:
+    """The name of the account owning what ``info`` describes (its number if it has none)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(info.st_uid).pw_name
+    except (ImportError, KeyError):
+        return str(info.st_uid)
+
+
+def _unsafe(folder: _Folder, work: Path) -> str | None:
+    """Why other accounts could plant links in ``folder`` (of ``work``) and how to fix it, or None
+    when it is this account's alone."""
+    info = folder.info()
+    if not _others_can_write(info):
+        return None
+    if info.st_uid != os.geteuid():  # (_others_can_write is False on Windows: POSIX only here)
+        return (f"{folder.path} can be written by other accounts (it is {_owner(info)}'s), which could plant "
+                f"links there: move it away (e.g. mv '{folder.path}' '{folder.path}.theirs')")
+    return (f"{folder.path} can be written by other accounts, which could plant links there: "
+            f"make it yours alone (chmod -R go-w {work})")
+
+
+def _open_work(work: Path) -> _Folder:
+    """``work`` opened (made first if there is nothing), a folder of this account's that no other
+    account can write (a link to one is refused too); SystemExit saying how to fix it otherwise."""
+    if not os.path.lexists(work):
         work.parent.mkdir(parents=True, exist_ok=True)
         work.mkdir(mode=0o755)
-    if _others_can_write(work.stat()):
-        raise SystemExit(f"{work} can be written by other accounts, which could plant links there: "
-                         f"make it yours alone (chmod go-w {work}) and run this again")
+    try:
+        folder = _Folder.open(work)
+    except _Refused as why:
+        raise SystemExit(f"{why}; make it a folder of your own (move it away)") from None
+    why = _unsafe(folder, work)
+    if why is not None:
+        folder.close()
+        raise SystemExit(f"{why}, and run this again")
+    return folder
+
+
+def _course_notebooks(notebooks: Path, messages: list[str]) -> dict[str, list[tuple[str, bytes, int]]]:
+    """The course's notebooks, ``<folder>/<name>.ipynb`` in ``notebooks``: folder -> [(name, bytes,
+    permissions)]. Read never through a link: a link (or a file that cannot be read) is left out,
+    with a line in ``messages``; a ``notebooks`` that is a link is refused (SystemExit)."""
+    try:
+        course = _Folder.open(notebooks)
+    except _Refused as why:
+        raise SystemExit(f"{why}: the course's notebooks are read from the checkout's own folder only") from None
+    found: dict[str, list[tuple[str, bytes, int]]] = {}
+    with course:
+        for folder_name in course.names():
+            info = course.lstat(folder_name)
+            if info is None or not (stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+                continue
+            try:
+                folder = course.sub(folder_name)
+            except _Refused:
+                messages.append(f"skipped: {folder_name} in {notebooks.name}/ is a link, not a folder of the course")
+                continue
+            with folder:
+                for name in folder.names():
+                    key, info = f"{folder_name}/{name}", folder.lstat(name)
+                    if not name.endswith(".ipynb") or info is None:
+                        continue
+                    if stat.S_ISLNK(info.st_mode):
+                        messages.append(f"skipped: {key} in {notebooks.name}/ is a link, not a notebook of the course")
+                        continue
+                    try:
+                        found.setdefault(folder_name, []).append((name, folder.read(name), stat.S_IMODE(info.st_mode)))
+                    except OSError as exc:
+                        messages.append(f"skipped: {key} ({exc})")
+    return found
+
+
+def _sync_notebook(folder: _Folder, name: str, data: bytes, mode: int, seen: list[str]) -> str | None:
+    """The course's ``data`` for the notebook ``name`` brought into ``folder`` (see ``sync``): what
+    was done, or None when nothing was; _Refused for a link (or no file) in its place."""
+    key = f"{folder.path.name}/{name}"
+    where = f"{key} in {folder.path.parent.name}/"
+    digest = hashlib.sha256(data).hexdigest()
+    info = folder.lstat(name)
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        raise _Refused(f"{where} is a link: not followed")
+    if info is None:
+        folder.write(name, data, mode)
+        return f"{'new' if not seen else 'copied again (yours was gone)'}: {key}"
+    if not stat.S_ISREG(info.st_mode):
+        raise _Refused(f"{where} is not a file")
+    if digest in seen:
+        return None
+    theirs = hashlib.sha256(folder.read(name)).hexdigest()
+    if theirs in seen:  # a course version the student never changed
+        folder.write(name, data, mode)
+        return f"updated: {key} (you had not changed it)"
+    if theirs != digest:
+        offered = _free_name(folder, name.removesuffix(".ipynb"))
+        folder.write(offered, data, mode)
+        return f"course update: {folder.path.name}/{offered} (your {key} is kept as it is)"
+    return None
+
+
+def _work_folders(root: _Folder, names: list[str], held: contextlib.ExitStack) -> dict[str, _Folder | _Refused | None]:
+    """The notebook folders ``names`` that are in ``root`` already, opened (held by ``held``); a
+    link or no folder there as why it is not used; None where there is nothing yet. SystemExit
+    when any of them can be written by other accounts."""
+    folders: dict[str, _Folder | _Refused | None] = {}
+    for name in names:
+        try:
+            folders[name] = held.enter_context(root.sub(name)) if root.lstat(name) is not None else None
+        except _Refused as why:
+            folders[name] = why
+    unsafe = [why for folder in folders.values() if isinstance(folder, _Folder) and (why := _unsafe(folder, root.path))]
+    if unsafe:
+        raise SystemExit(";\n".join(unsafe) + ", and run this again")
+    return folders
 
 
 def sync(notebooks: Path, work: Path) -> list[str]:
@@ -138,46 +345,33 @@ def sync(notebooks: Path, work: Path) -> list[str]:
     copied (or last offered) gets the new version beside it. Returns one message per
     file written or skipped (nothing is written through a link: see the module's docstring).
     """
-    _check_work(work)
-    manifest_path = work / MANIFEST
-    try:
-        manifest: dict[str, list[str]] = json.loads(_read_plain(manifest_path))
-    except (OSError, ValueError):
-        manifest = {}
-    messages = []
-    for source in sorted(notebooks.glob("*/*.ipynb")):
-        key = source.relative_to(notebooks).as_posix()
-        if source.is_symlink() or source.parent.is_symlink():
-            messages.append(f"skipped: {key} in {notebooks.name}/ is a link, not a notebook of the course")
-            continue
+    messages: list[str] = []
+    with _open_work(work) as root, contextlib.ExitStack() as held:
+        course = _course_notebooks(notebooks, messages)
+        folders = _work_folders(root, list(course), held)
         try:
-            data = _read_plain(source)
-        except OSError as exc:
-            messages.append(f"skipped: {key} ({exc})")
-            continue
-        mode = stat.S_IMODE(os.stat(source, follow_symlinks=False).st_mode)
-        digest = hashlib.sha256(data).hexdigest()
-        target = work / key
-        seen = manifest.setdefault(key, [])
-        try:
-            if target.is_symlink():
-                raise _Refused(f"{key} in {work.name}/ is a link: not followed")
-            if not target.exists():
-                _write_in(work, target, data, mode)
-                messages.append(f"{'new' if not seen else 'copied again (yours was gone)'}: {key}")
-            elif digest not in seen and _digest(target) in seen:  # a course version the student never changed
-                _write_in(work, target, data, mode)
-                messages.append(f"updated: {key} (you had not changed it)")
-            elif digest not in seen and _digest(target) != digest:
-                offered = _free_name(target.parent, target.stem)
-                _write_in(work, offered, data, mode)
-                messages.append(f"course update: {offered.relative_to(work).as_posix()} (your {key} is kept as it is)")
-        except _Refused as why:
-            messages.append(f"skipped: {why}")
-            continue
-        if digest not in seen:
-            seen.append(digest)
-    _write_in(work, manifest_path, json.dumps(manifest, indent=1, sort_keys=True).encode(), 0o644)
+            manifest: dict[str, list[str]] = json.loads(root.read(MANIFEST))
+        except (OSError, ValueError):
+            manifest = {}
+        for folder_name, found in course.items():
+            folder = folders[folder_name]
+            for name, data, mode in found:
+                seen = manifest.setdefault(f"{folder_name}/{name}", [])
+                try:
+                    if folder is None:
+                        folder = folders[folder_name] = held.enter_context(root.sub(folder_name, create=True))
+                    if isinstance(folder, _Refused):
+                        raise folder
+                    done = _sync_notebook(folder, name, data, mode, seen)
+                except _Refused as why:
+                    messages.append(f"skipped: {why}")
+                    continue
+                if done is not None:
+                    messages.append(done)
+                digest = hashlib.sha256(data).hexdigest()
+                if digest not in seen:
+                    seen.append(digest)
+        root.write(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode(), 0o644)
     return messages
 
 

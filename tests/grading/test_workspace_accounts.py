@@ -107,7 +107,7 @@ class Lab:
 
     def the_fix(self, refused: subprocess.CompletedProcess) -> None:
         """The victim does what the refusal says."""
-        fix = f"chmod go-w {self.work}"
+        fix = f"chmod -R go-w {self.work}"
         assert fix in refused.stderr, refused.stderr
         done = self.run_as(self.victim, fix.split())
         assert done.returncode == 0, done.stderr
@@ -228,13 +228,29 @@ def test_a_partners_link_at_the_manifests_temporary_name_does_not_overwrite_the_
 
 
 def test_a_partners_dangling_link_at_a_notebooks_place_creates_nothing_in_the_victims_home(lab):
+    """The link is in a notebook folder the partner made (theirs, open to all): once work/ is fixed,
+    that folder is refused in turn, saying to move it away; moved, a folder of the victim's is made."""
     lab.open_work_to_the_pair()
     planted = lab.home / "created-by-a-link.ipynb"
     lab.plant({lab.work / NB: planted}, folders=(lab.work / A,))
-    again = _refused_then_fixed(lab)
+    refused = lab.workspace()
+    assert refused.returncode != 0 and f"{lab.work} can be written by other accounts" in refused.stderr, \
+        refused.stderr
+    lab.run_as(lab.victim, ["chmod", "-R", "go-w", str(lab.work)])  # (fails on the partner's folder)
+    refused = lab.workspace()
+    lab.assert_private_untouched()
     assert not os.path.lexists(planted)
-    assert f"skipped: {NB} in work/ is a link: not followed" in again.stdout.splitlines(), again.stdout
-    assert f"new: {B}/{B}.ipynb" in again.stdout.splitlines(), again.stdout
+    assert refused.returncode != 0, refused.stdout
+    assert f"{lab.work / A} can be written by other accounts (it is {lab.partner}'s)" in refused.stderr and \
+        f"move it away (e.g. mv '{lab.work / A}' '{lab.work / A}.theirs')" in refused.stderr, refused.stderr
+    moved = lab.run_as(lab.victim, ["mv", str(lab.work / A), f"{lab.work / A}.theirs"])
+    assert moved.returncode == 0, moved.stderr
+    again = lab.workspace()
+    lab.assert_private_untouched()
+    assert not os.path.lexists(planted)
+    assert again.returncode == 0, again.stderr
+    assert {f"new: {NB}", f"new: {B}/{B}.ipynb"} <= set(again.stdout.splitlines()), again.stdout
+    assert os.lstat(lab.work / A).st_uid == pwd.getpwnam(lab.victim).pw_uid
 
 
 def test_a_partners_dangling_link_at_the_next_course_update_name_creates_nothing_in_the_victims_home(lab):
@@ -281,7 +297,7 @@ def test_a_work_folder_the_partner_can_write_or_made_is_refused_with_the_fix(lab
     lab.open_work_to_the_pair()
     refused = lab.workspace()
     assert os.listdir(lab.work) == [], f"written into a work/ the partner can write: {os.listdir(lab.work)}"
-    assert refused.returncode != 0 and f"make it yours alone (chmod go-w {lab.work})" in refused.stderr, \
+    assert refused.returncode != 0 and f"make it yours alone (chmod -R go-w {lab.work})" in refused.stderr, \
         refused.stderr
     lab.the_fix(refused)
     fixed = lab.workspace()
@@ -301,3 +317,20 @@ def test_a_work_folder_the_partner_can_write_or_made_is_refused_with_the_fix(lab
     refused = lab.workspace()
     lab.assert_private_untouched()
     assert refused.returncode != 0 and f"{lab.work} is a link" in refused.stderr, refused.stderr
+
+
+def test_a_notebook_folder_the_partner_can_write_is_refused_though_work_is_the_victims_alone(lab):
+    first = lab.workspace()  # the victim's first `make lab`, on a work/ of their own
+    assert first.returncode == 0, first.stderr
+    opened = lab.run_as(lab.victim, ["chmod", "g+w", str(lab.work / A)])  # work/ itself stays theirs alone
+    assert opened.returncode == 0, opened.stderr
+    (lab.notebooks / NB).write_text('{"cells": []}')  # a course update, to be written into work/A
+    before = sorted(os.listdir(lab.work / A))
+    refused = lab.workspace()
+    assert refused.returncode != 0, refused.stdout
+    assert f"{lab.work / A} can be written by other accounts" in refused.stderr, refused.stderr
+    assert sorted(os.listdir(lab.work / A)) == before, "written into a folder the partner can write"
+    lab.the_fix(refused)
+    again = lab.workspace()
+    assert again.returncode == 0, again.stderr
+    assert f"updated: {NB} (you had not changed it)" in again.stdout.splitlines(), again.stdout

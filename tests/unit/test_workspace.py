@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -165,8 +166,9 @@ def test_nothing_a_student_runs_assumes_a_posix_system():
         found = [word for word in ('"/tmp', "'/tmp", "os.fork(", "os.getuid(", "os.geteuid()", "import pwd",
                                    "import fcntl", "import resource", "shell=True", '"/".join', "'/'.join")
                  if word in text]
-        if path.name == "workspace.py":  # geteuid behind hasattr(os, "geteuid")
+        if path.name == "workspace.py":  # geteuid behind hasattr(os, "geteuid"); pwd imported there only
             found = [w for w in found if w != "os.geteuid()" or 'hasattr(os, "geteuid")' not in text]
+            found = [w for w in found if w != "import pwd" or "\nimport pwd" in text]
         if found:
             offending[str(path.relative_to(REPO))] = found
     assert not offending, offending
@@ -245,21 +247,22 @@ def test_a_work_folder_others_can_write_is_refused_with_the_fix(course, tmp_path
     """Writable by all, or by a group with other members (a pair-work folder): refused. Writable
     by the student's own group alone (Debian's umask 002): theirs."""
     import grp
+    import pwd
 
     work = tmp_path / "work"
     work.mkdir()
     work.chmod(0o777)
-    with pytest.raises(SystemExit, match=r"chmod go-w"):
+    with pytest.raises(SystemExit, match=r"chmod -R go-w"):
         sync(course, work)
     assert list(work.iterdir()) == []
     work.chmod(0o775)
-    if set(grp.getgrgid(os.getegid()).gr_mem) - {os.environ.get("USER", "")}:
+    if set(grp.getgrgid(os.getegid()).gr_mem) - {pwd.getpwuid(os.geteuid()).pw_name}:
         pytest.skip("this account's group has other members")
     assert sync(course, work)  # its own group: accepted
     other = next((g.gr_gid for g in grp.getgrall() if g.gr_gid != os.getegid()), None)
     if os.geteuid() == 0 and other is not None:  # a group shared with other accounts (root can hand it over)
         os.chown(work, -1, other)
-        with pytest.raises(SystemExit, match=r"chmod go-w"):
+        with pytest.raises(SystemExit, match=r"chmod -R go-w"):
             sync(course, work)
 
 
@@ -271,3 +274,105 @@ def test_the_sync_messages_are_written_before_jupyterlab_takes_the_process_over(
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
     assert out.splitlines() == ["synced: 03", "lab"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+def test_the_accounts_own_group_is_told_by_the_account_not_by_user(course, tmp_path, monkeypatch):
+    """A group-writable work/ whose group holds another account is refused, even with $USER set to
+    that account's name."""
+    import grp
+    import types
+
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o775)
+    os.chown(work, -1, os.getegid())
+    real = grp.getgrgid
+    monkeypatch.setattr(grp, "getgrgid", lambda gid: types.SimpleNamespace(gr_mem=["partner"]) if gid == os.getegid()
+                        else real(gid))
+    monkeypatch.setenv("USER", "partner")
+    with pytest.raises(SystemExit, match=r"can be written by other accounts"):
+        sync(course, work)
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fchmod"), reason="POSIX: the mode is set on the file written")
+def test_a_temporary_file_swapped_for_a_link_before_its_mode_is_set_changes_nothing_it_points_at(
+        course, tmp_path, victim, monkeypatch):
+    """Whoever may write the folder swaps the new file for a link to the student's private file
+    just before its permissions are set: those of the file written are set, never the link's."""
+    thesis = victim / "thesis.txt"
+    thesis.chmod(0o600)
+    real_chmod = os.chmod
+
+    def swapped_then_chmod(path, mode, *args, **kwargs):
+        if isinstance(path, (str, os.PathLike)) and Path(path).name.startswith(".workspace-"):
+            os.unlink(path)
+            os.symlink(thesis, path)
+        return real_chmod(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "chmod", swapped_then_chmod)
+    sync(course, tmp_path / "work")
+    assert stat.S_IMODE(os.stat(thesis).st_mode) == 0o600 and thesis.read_text() == "my thesis"
+
+
+@pytest.mark.skipif(not hasattr(os, "O_NOFOLLOW"), reason="POSIX: folders held open")
+def test_work_swapped_for_a_link_after_it_was_checked_gets_nothing_written_through_it(course, tmp_path, victim,
+                                                                                     monkeypatch):
+    """work/ checked, then (its parent being writable by others) renamed and a link to the
+    student's private folder put in its place: what is written goes into the folder checked."""
+    from course_lib import workspace
+
+    work = tmp_path / "work"
+    sync(course, work)
+    (course / "05_new").mkdir()
+    (course / "05_new" / "05_new.ipynb").write_text('{"cells": []}')
+    real_loads = json.loads
+
+    def swap_then_loads(text, *args, **kwargs):  # the manifest is read just after work/ is checked
+        if not os.path.islink(work):
+            work.rename(tmp_path / "work.checked")
+            work.symlink_to(victim / "Documents")
+        return real_loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(workspace, "json", types_with(json, loads=swap_then_loads))
+    messages = sync(course, work)
+    assert list((victim / "Documents").iterdir()) == [], "written through the link put in work/'s place"
+    assert "new: 05_new/05_new.ipynb" in messages
+    assert (tmp_path / "work.checked" / "05_new" / "05_new.ipynb").read_text() == '{"cells": []}'
+
+
+def types_with(module, **names):
+    """A stand-in for ``module`` with ``names`` replaced."""
+    import types
+
+    return types.SimpleNamespace(**{**vars(module), **names})
+
+
+def test_a_notebooks_folder_that_is_a_link_is_not_read_through(course, tmp_path):
+    linked = tmp_path / "elsewhere"
+    course.rename(linked)
+    course.symlink_to(linked)
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit, match=r"is a link"):
+        sync(course, work)
+    assert not any(work.rglob("*.ipynb"))
+
+
+def test_without_dir_fd_as_on_windows_the_sync_works_by_path(course, tmp_path, victim, monkeypatch):
+    """Windows has no ``dir_fd``: folders are used by path there, each name checked for a link."""
+    from course_lib import workspace
+
+    monkeypatch.setattr(workspace, "_DIR_FD", False)
+    work = tmp_path / "work"
+    _plant(work / A, victim / "Documents")
+    messages = sync(course, work)
+    assert f"skipped: {A} in work/ is a link: not followed" in messages
+    assert "new: 04_multi_head_attention/04_multi_head_attention.ipynb" in messages
+    assert list((victim / "Documents").iterdir()) == []
+    mine = work / "04_multi_head_attention" / "04_multi_head_attention.ipynb"
+    mine.write_text("{}")
+    (course / "04_multi_head_attention" / "04_multi_head_attention.ipynb").write_text('{"cells": []}')
+    assert sync(course, work)[-1].startswith("course update: 04_multi_head_attention/04_multi_head_attention "
+                                             "(course update 1).ipynb")
+    assert mine.read_text() == "{}" and not any(work.rglob(".workspace-*"))
