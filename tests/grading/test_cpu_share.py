@@ -24,6 +24,7 @@ from autograder.pipeline.worker import grade_notebook
 from autograder.sealing import cpu_share, sandbox
 from autograder.sealing.course_copy import build_course_copy
 from autograder.sealing.zygote import Zygotes
+from hostile_cells import SWALLOWS
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="the zygote, the slot users and cgroups need root")]
@@ -155,14 +156,6 @@ def test_without_a_cpu_group_new_sessions_are_refused(course, monkeypatch):
     assert "new sessions refused (no CPU group: WORKBOOK_CPU_GROUPS=off)" in result["seal"]["cpu"], result["seal"]
 
 
-SWALLOWS = r'''
-while True:
-    try:
-        while True:
-            pass
-    except KeyboardInterrupt:
-        pass
-'''
 
 
 def _stopped_after(result: dict) -> float:

@@ -22,6 +22,7 @@ from autograder.sealing.course_copy import build_course_copy
 from autograder.sealing.zygote import Zygotes
 from autograder.pipeline.worker import grade_notebook
 from conftest import ROOT
+from hostile_cells import SWALLOWS
 
 pytestmark = pytest.mark.slow
 
@@ -275,14 +276,6 @@ while True:
     pass
 '''
 
-SWALLOWS = r'''
-while True:
-    try:
-        while True:
-            pass
-    except KeyboardInterrupt:
-        pass
-'''
 
 
 def _graded(tmp_path: Path, name: str, sources: list[str], limits: sandbox.Limits,
