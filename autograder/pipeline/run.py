@@ -17,6 +17,7 @@ import select
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -61,6 +62,19 @@ def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int, zygote: Z
     return outcome
 
 
+@dataclass
+class _Grace:
+    """What the supervisor knows of the running cell's grace, from when its limit passed."""
+
+    cell: int | None = None
+    since: float = 0.0  # when the limit passed (the grader's clock)
+    runner_waited: float | None = None  # the runner's run-queue delay then (None: the kernel does not say)
+    cpu: float = 0.0  # the CPU-seconds the run's processes had used then
+    grader_waited: float | None = None  # the grader's own run-queue delay then
+    extra: float = 0.0  # the grace added so far
+    read_at: float = 0.0
+
+
 def grace_extra(extra: float, runner_waited: float | None, grader_waited: float) -> float:
     """The grace added so far (``extra``) once the runner has waited ``runner_waited`` seconds
     for a CPU since the cell's limit (None: unknown) and the grader ``grader_waited``: the
@@ -94,6 +108,7 @@ class Supervisor:
         self.nb = json.loads(job["notebook"])
         self.device = torch.device(job.get("device", "cpu"))
         self.salts: dict[str, int] = job.get("salts", {})
+        self.threads = int(job.get("threads", 1))  # the run's CPU share
         self.tests: dict[str, str] = {}  # grade_id -> item
         test_cell: dict[str, int] = {}  # item -> index of its (first) test cell
         for index, cell in enumerate(self.nb["cells"]):
@@ -106,8 +121,7 @@ class Supervisor:
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
         # the cell whose limit has passed, its runner's run-queue delay then, the grace added since, when last read
-        self._grace: tuple[int | None, float | None, float, float] = (None, None, 0.0, 0.0)
-        self._own_at_limit: float | None = None  # the grader's own run-queue delay at the cell's limit
+        self._grace = _Grace()  # the running cell's, once its limit has passed
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
         # how the process is sealed off (and how its memory is counted)
@@ -216,8 +230,8 @@ class Supervisor:
             waits = [deadline - now] + ([next_memory_check - now] if self.limits.memory_mb else [])
             if current is not None:
                 limit = cell_started + self.limits.cell_timeout
-                waits.append((limit if now < limit and self._grace[0] != current else
-                              limit + GRACE + self._grace[2]) - now)
+                waits.append((limit if now < limit and self._grace.cell != current else
+                              limit + GRACE + self._grace.extra) - now)
             ready, _, _ = select.select([self.sock], [], [], max(0.0, min(waits)))
             if not ready:
                 continue
@@ -244,23 +258,25 @@ class Supervisor:
 
     def _starved(self, current: int, now: float) -> float:
         """The seconds added to the current cell's grace: how long the notebook's runner, once
-        the cell's limit had passed, waited for a CPU (the interrupt is handled by the
-        runner's main thread; on a machine busy with other sandboxes it can wait longer than
-        the grace itself), less what the grader itself waited for one meanwhile (its own
-        lateness, which the bound must hold too: at most :data:`STARVED_MAX` in all, on the
-        grader's clock). Read at most twice a second; 0 where the kernel does not say."""
-        cell, at_limit, extra, read_at = self._grace
-        if cell != current:
-            waited = sandbox.run_queue_seconds(self.process.pid) if self.process.pid else None
-            self._grace = (current, waited, 0.0, now)
-            self._own_at_limit = sandbox.own_run_queue_seconds()
+        the cell's limit had passed, waited for a CPU that the run was denied (the interrupt
+        is handled by the runner's main thread; on a machine busy with other sandboxes it can
+        wait longer than the grace itself). A wait while the run's own processes used its
+        share (``threads`` CPUs) is the notebook's doing and adds nothing; what the grader
+        itself waited for a CPU meanwhile counts against the bound (:func:`grace_extra`).
+        Read at most twice a second; 0 where the kernel does not say."""
+        grace, pid = self._grace, self.process.pid
+        if grace.cell != current:
+            self._grace = _Grace(current, now, sandbox.run_queue_seconds(pid) if pid else None,
+                                 sandbox.tree_cpu_seconds(self.process.memory_root), sandbox.own_run_queue_seconds(),
+                                 read_at=now)
             return 0.0
-        if at_limit is not None and now - read_at >= 0.5:
-            waited = sandbox.run_queue_seconds(self.process.pid) if self.process.pid else None
-            extra = grace_extra(extra, waited - at_limit if waited is not None else None,
-                                _since(self._own_at_limit, sandbox.own_run_queue_seconds()))
-            self._grace = (cell, at_limit, extra, now)
-        return extra
+        if grace.runner_waited is not None and now - grace.read_at >= 0.5:
+            waited = sandbox.run_queue_seconds(pid) if pid else None
+            denied = self.threads * (now - grace.since) - (sandbox.tree_cpu_seconds(self.process.memory_root) - grace.cpu)
+            starved = None if waited is None else min(waited - grace.runner_waited, max(0.0, denied))
+            grace.extra = grace_extra(grace.extra, starved, _since(grace.grader_waited, sandbox.own_run_queue_seconds()))
+            grace.read_at = now
+        return grace.extra
 
     def _ended(self, wait: float) -> bool:
         """Whether the runner's process has ended (waiting up to ``wait`` seconds for it)."""

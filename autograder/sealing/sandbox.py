@@ -178,6 +178,21 @@ def run_queue_seconds(root: int) -> float | None:
         return None
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """CPU-seconds the process tree under ``root`` has used: each live process's own and that of
+    the children it has reaped (``/proc/PID/stat``'s utime, stime, cutime, cstime); a
+    process reparented to a PID 1 in the tree is counted when that PID 1 reaps it."""
+    ticks = 0
+    for pid in process_tree(root):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ticks += sum(int(fields[k]) for k in (11, 12, 13, 14))
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def own_run_queue_seconds() -> float | None:
     """Seconds the calling thread (the grader's, serving a run) has spent ready to run but kept
     off the CPU (``/proc/thread-self/schedstat``); None where the kernel does not say."""

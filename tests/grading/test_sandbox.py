@@ -262,20 +262,47 @@ def test_the_sealed_notebook_runs_in_full_precision(tmp_path):
 
 
 STARVED = r'''
-import os, threading, time
-cpu = min(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {cpu})
-for _ in range(2):  # two busy processes on this thread's CPU, at full priority, for 30 s
-    if os.fork() == 0:
-        end = time.time() + 30
-        while time.time() < end:
-            pass
-        os._exit(0)
-os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread now waits for the CPU (~5% of it)
+import os
+os.sched_setaffinity(0, {@CPU@})  # on the CPU the busy processes outside the sandbox hold
 while True:
     pass
 '''
 
+# The cell's own processes keep its runner off the CPU (the run uses all of its share): the
+# notebook's doing, which must not stretch its limit.
+STARVES_ITSELF = r'''
+import os, signal
+for _ in range(8):
+    if os.fork() == 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while True:
+            pass
+''' + SWALLOWS
+
+BUSY = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+end = time.time() + 60
+while time.time() < end:
+    pass
+"""
+
+
+class _BusyMachine:
+    """Twenty busy processes outside any sandbox, each in a session of its own, on one CPU: a
+    grading machine busy with other work, which keeps a run pinned there waiting for the CPU."""
+
+    def __init__(self, cpu: int) -> None:
+        self.processes = [subprocess.Popen([sys.executable, "-c", BUSY, str(cpu)], start_new_session=True)
+                          for _ in range(20)]
+
+    def __enter__(self) -> "_BusyMachine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
 
 
 def _graded(tmp_path: Path, name: str, sources: list[str], limits: sandbox.Limits,
@@ -292,15 +319,17 @@ def _graded(tmp_path: Path, name: str, sources: list[str], limits: sandbox.Limit
 def test_a_cell_kept_off_the_cpu_after_its_limit_still_gets_its_grace(tmp_path, monkeypatch, way, zygotes):
     """A busy grading machine can keep a sandbox waiting for a CPU right when its cell's limit
     passes: the interrupt is then handled late, through no fault of the student's. The grace
-    (here 1 s) grows by the time the runner waited for a CPU, so the cell ends as interrupted and
-    the notebook goes on (it used to be stopped as "did not stop when interrupted", every later
-    item 0: the CI run of the Python 3.12 suite saw it twice). A cell that swallows the interrupt
-    while it has the CPU is still stopped."""
+    (here 1 s) grows by the time the runner waited for a CPU the run was denied, so the cell
+    ends as interrupted and the notebook goes on (it used to be stopped as "did not stop when
+    interrupted", every later item 0: the CI run of the Python 3.12 suite saw it twice). A cell
+    that swallows the interrupt while it has the CPU is still stopped."""
     from autograder.pipeline import run
     monkeypatch.setattr(run, "GRACE", 1.0)
     limits = sandbox.Limits(cell_timeout=2, notebook_timeout=150, memory_mb=2048)
-    result, cells = _graded(tmp_path, "starved", [STARVED, "print('the next cell ran')"], limits,
-                            _sealed(way, zygotes))
+    cpu = min(os.sched_getaffinity(0))
+    with _BusyMachine(cpu):
+        result, cells = _graded(tmp_path, "starved", [STARVED.replace("@CPU@", str(cpu)),
+                                                      "print('the next cell ran')"], limits, _sealed(way, zygotes))
     kinds = [(p["kind"], p["message"]) for p in result["problems"]]
     assert any(k == "cell_timeout" and "was interrupted" in m for k, m in kinds), kinds
     assert not any("did not stop when interrupted" in m for _, m in kinds), kinds
@@ -312,3 +341,26 @@ def test_a_cell_kept_off_the_cpu_after_its_limit_still_gets_its_grace(tmp_path, 
     assert stopped and "did not stop when interrupted" in stopped[0]["message"], result["problems"]
     assert not any(p["kind"] == "notebook_timeout" for p in result["problems"]), result["problems"]
     assert not any("the next cell ran" in o.get("text", "") for o in cells[1].outputs)
+
+
+def _stopped_after(result: dict) -> float:
+    """How long after its limit the grader stopped a cell that swallowed its interrupt (its problem says)."""
+    stopped = [p["message"] for p in result["problems"] if p["kind"] == "cell_timeout"]
+    assert stopped and "did not stop when interrupted" in stopped[0], result["problems"]
+    return float(stopped[0].split("(stopped ", 1)[1].split(" s after", 1)[0])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("way", WAYS)
+def test_a_cell_that_keeps_its_own_runner_waiting_gets_no_more_grace(tmp_path, monkeypatch, way, zygotes):
+    """Eight busy processes of the cell's own, beside a runner that swallows its interrupt: the
+    runner waits for a CPU its own run holds, which adds nothing to the grace (it used to add
+    up to STARVED_MAX to every cell: here 8 s, in grading 60). Stopped as late after its limit
+    as the same cell without them, give or take the grace."""
+    from autograder.pipeline import run
+    monkeypatch.setattr(run, "GRACE", 2.0)
+    monkeypatch.setattr(run, "STARVED_MAX", 8.0)
+    limits = sandbox.Limits(cell_timeout=2, notebook_timeout=120, memory_mb=2048)
+    alone = _stopped_after(_graded(tmp_path, "alone", [SWALLOWS], limits, _sealed(way, zygotes))[0])
+    itself = _stopped_after(_graded(tmp_path, "itself", [STARVES_ITSELF], limits, _sealed(way, zygotes))[0])
+    assert itself < alone + run.GRACE, f"stopped {alone:.1f} s after its limit alone, {itself:.1f} s with its own processes"

@@ -1,7 +1,8 @@
 """The grace of a cell past its limit (autograder/pipeline/run.py): grown by the time the runner
-waited for a CPU, bounded on the grader's clock: what the grader itself waited for a CPU since
-the limit counts against the same bound (:data:`~autograder.pipeline.run.STARVED_MAX`), so that
-a starved grader does not overrun it."""
+waited for a CPU the run was denied (not for one its own processes held), bounded on the
+grader's clock: what the grader itself waited for a CPU since the limit counts against the same
+bound (:data:`~autograder.pipeline.run.STARVED_MAX`), so that a starved grader does not overrun
+it. The kernel's readings are given here; tests/grading/test_sandbox.py starves a real run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from autograder.pipeline import run
 from autograder.pipeline.run import STARVED_MAX, Supervisor, grace_extra
 from autograder.sealing import sandbox
 
@@ -25,15 +27,39 @@ def test_the_grace_added_and_the_graders_own_wait_never_pass_the_bound(extra, ru
     assert grace_extra(extra, runner, grader) == pytest.approx(expected)
 
 
-def test_a_supervisor_reads_both_waits_from_the_cells_limit_on(monkeypatch):
-    """The runner waited 50 s for a CPU after its cell's limit, the grader 25 s: 35 s are added
-    (before, all 50: with the grader's own 25 s late, 75 s past the grace, over its 60 s bound)."""
-    runner_waits = iter([100.0, 150.0])
-    grader_waits = iter([7.0, 32.0])
-    monkeypatch.setattr(sandbox, "run_queue_seconds", lambda pid: next(runner_waits))
-    monkeypatch.setattr(sandbox, "own_run_queue_seconds", lambda: next(grader_waits))
+def _supervisor(monkeypatch, runner_waits: list[float], grader_waits: list[float], cpu: list[float]) -> Supervisor:
+    """A supervisor of a one-thread run whose kernel readings are these, one per look."""
+    runner, grader, used = iter(runner_waits), iter(grader_waits), iter(cpu)
+    monkeypatch.setattr(sandbox, "run_queue_seconds", lambda pid: next(runner))
+    monkeypatch.setattr(sandbox, "own_run_queue_seconds", lambda: next(grader))
+    monkeypatch.setattr(sandbox, "tree_cpu_seconds", lambda root: next(used))
     supervisor = Supervisor.__new__(Supervisor)
-    supervisor.process = SimpleNamespace(pid=1234)
-    supervisor._grace = (None, None, 0.0, 0.0)
-    assert supervisor._starved(3, now=10.0) == 0.0  # cell 3 at its limit: the waits so far
-    assert supervisor._starved(3, now=11.0) == pytest.approx(STARVED_MAX - 25.0)
+    supervisor.process = SimpleNamespace(pid=1234, memory_root=1200)
+    supervisor.threads = 1
+    supervisor._grace = run._Grace()
+    return supervisor
+
+
+def test_a_supervisor_reads_both_waits_from_the_cells_limit_on(monkeypatch):
+    """The runner waited 50 s for a CPU after its cell's limit while the run got almost none
+    (2 CPU-seconds in 60 s), the grader 25 s: 35 s are added (before, all 50: with the
+    grader's own 25 s late, 75 s past the grace, over its 60 s bound)."""
+    supervisor = _supervisor(monkeypatch, [100.0, 150.0], [7.0, 32.0], [10.0, 12.0])
+    assert supervisor._starved(3, now=10.0) == 0.0  # cell 3 at its limit: the readings so far
+    assert supervisor._starved(3, now=70.0) == pytest.approx(STARVED_MAX - 25.0)
+
+
+def test_a_runner_kept_waiting_by_its_own_processes_gets_no_more_grace(monkeypatch):
+    """The run's own busy processes used its whole share (one CPU for 20 s) while its runner
+    waited 15 s: the notebook's doing, nothing added (before: 15 s more, every cell)."""
+    supervisor = _supervisor(monkeypatch, [100.0, 115.0], [7.0, 7.0], [10.0, 30.0])
+    supervisor._starved(3, now=10.0)
+    assert supervisor._starved(3, now=30.0) == 0.0
+
+
+def test_only_the_cpu_the_run_was_denied_is_added(monkeypatch):
+    """In 20 s the run got 12 CPU-seconds of its 20: at most the 8 it was denied are added,
+    though its runner waited 15."""
+    supervisor = _supervisor(monkeypatch, [100.0, 115.0], [7.0, 7.0], [10.0, 22.0])
+    supervisor._starved(3, now=10.0)
+    assert supervisor._starved(3, now=30.0) == pytest.approx(8.0)
