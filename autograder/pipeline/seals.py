@@ -115,23 +115,23 @@ class Seal:
         """Start the run's sealed process on a socket pair (the grader's end as ``run.sock``,
         closed by the supervisor whatever happens here) and hand it ``setup``, with what is
         asked of the runner's own seal: its CPU group first (:meth:`share_cpu`), then the
-        process (:meth:`start`), then the set-up message, then whatever the handle must learn
-        from the runner (:meth:`attach`)."""
+        process (:meth:`start`), then whatever the handle must learn from the runner (its first
+        byte: :meth:`attach`), then the set-up message."""
         self.share_cpu(run.job)
         run.sock, child = socket.socketpair()
         try:
             handle = self.start(run, child)
         finally:
             child.close()
+        self.attach(handle, run.sock)  # (a forked runner into its CPU group before it has its notebook)
         Channel(run.sock).send({**setup, "syscall_filter": self.syscall_filter, "sessions": self.sessions})
-        self.attach(handle, run.sock)
         return handle
 
     def start(self, run: Supervisor, channel: socket.socket) -> Started | Child:
         raise NotImplementedError
 
     def attach(self, handle: Started | Child, sock: socket.socket) -> None:
-        """Once the set-up message is sent: whatever the handle must learn from the runner."""
+        """Before the set-up message is sent: whatever the handle must learn from the runner."""
 
     def memory_mb(self, handle: Started | Child, run: Supervisor) -> float:
         """What the run's processes use now, in MB."""

@@ -73,11 +73,7 @@ class CpuGroup:
     def close(self, wait: float = 5.0) -> list[int]:
         """Kill what is left in the group and remove it; the PIDs that were still there."""
         left = self.pids()
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        self._kill()
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -88,12 +84,22 @@ class CpuGroup:
             except OSError:
                 if time.monotonic() >= deadline:
                     return left
-                for pid in self.pids():
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                self._kill()
                 time.sleep(0.02)
+
+    def _kill(self) -> None:
+        """SIGKILL to every process in the group: by the kernel where it can (cgroup v2's
+        ``cgroup.kill``: no PID read here can be another's by then), else to each PID listed."""
+        try:
+            (self.path / "cgroup.kill").write_text("1\n")
+            return
+        except OSError:
+            pass
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 class CpuGroups:

@@ -188,3 +188,16 @@ def test_a_cell_that_swallows_its_interrupt_beside_a_hog_is_stopped_at_its_grace
     finally:
         thread.join()
     assert beside <= 2 * alone, f"stopped {alone:.1f} s after its limit alone, {beside:.1f} s beside the hog"
+
+
+def test_a_process_left_in_a_runs_group_is_killed_and_the_group_removed():
+    groups, why = cpu_share.found()
+    if groups is None:
+        pytest.skip(f"no CPU group can be made here ({why})")
+    group = groups.make("left-behind", 1)
+    import subprocess
+    left = subprocess.Popen(["sleep", "60"], preexec_fn=group.add_self, start_new_session=True)
+    assert group.pids() == [left.pid]
+    assert group.close() == [left.pid]
+    assert left.wait(timeout=10) == -9
+    assert not group.path.exists()
