@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 import time
 
@@ -195,7 +196,6 @@ def test_a_process_left_in_a_runs_group_is_killed_and_the_group_removed():
     if groups is None:
         pytest.skip(f"no CPU group can be made here ({why})")
     group = groups.make("left-behind", 1)
-    import subprocess
     left = subprocess.Popen(["sleep", "60"], preexec_fn=group.add_self, start_new_session=True)
     assert group.pids() == [left.pid]
     assert group.close() == [left.pid]
