@@ -92,7 +92,7 @@ class Seal:
         groups, why = cpu_share.found()
         if groups is not None:
             try:
-                self.cpu = groups.make(str(job.get("job_id", "job")), int(job.get("threads", 1)))
+                self.cpu = groups.make(int(job.get("threads", 1)))
                 self.cpu_words = groups.words()
                 return
             except OSError as exc:

@@ -23,9 +23,8 @@ group. Groups left by a grader that died are removed when the next one starts.
 from __future__ import annotations
 
 import functools
-import itertools
 import os
-import re
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -34,7 +33,6 @@ __all__ = ["CpuGroups", "CpuGroup", "cpu_groups", "found", "PERIOD_US"]
 
 PERIOD_US = 100_000  # the quota's period: 0.1 s
 PREFIX = "workbook-run-"
-_counter = itertools.count()
 
 
 class CpuGroup:
@@ -110,9 +108,11 @@ class CpuGroups:
         self.base = base
         self.version = version
 
-    def make(self, job_id: str, threads: int) -> CpuGroup:
-        """A new group for one run, capped at ``threads`` CPUs."""
-        name = f"{PREFIX}{os.getpid()}-{next(_counter)}-{re.sub(r'[^A-Za-z0-9_.-]', '_', job_id)[:40]}"
+    def make(self, threads: int) -> CpuGroup:
+        """A new group for one run, capped at ``threads`` CPUs. Its name is this grader's PID (for
+        :meth:`sweep`) and a random token: a forked run sees its group's path in
+        ``/proc/self/cgroup``, which names no student, notebook or count of runs."""
+        name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         path = self.base / name
         path.mkdir(mode=0o755)
         quota = max(1, int(threads)) * PERIOD_US
@@ -198,7 +198,7 @@ def _writable(base: Path, version: int) -> tuple[CpuGroups | None, str]:
     """Whether a capped group can be made under ``base`` (one is made and removed to know)."""
     groups = CpuGroups(base, version)
     try:
-        groups.make("probe", 1).close(wait=1.0)
+        groups.make(1).close(wait=1.0)
     except OSError as exc:
         return None, f"cgroup v{version} at {base}: {exc.strerror or exc}"
     return groups, ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -195,9 +196,26 @@ def test_a_process_left_in_a_runs_group_is_killed_and_the_group_removed():
     groups, why = cpu_share.found()
     if groups is None:
         pytest.skip(f"no CPU group can be made here ({why})")
-    group = groups.make("left-behind", 1)
+    group = groups.make(1)
     left = subprocess.Popen(["sleep", "60"], preexec_fn=group.add_self, start_new_session=True)
     assert group.pids() == [left.pid]
     assert group.close() == [left.pid]
     assert left.wait(timeout=10) == -9
     assert not group.path.exists()
+
+
+def test_a_forked_run_sees_nothing_of_the_grader_in_its_groups_name(course, tmp_path):
+    """A child of a zygote sees its CPU group's path (/proc/self/cgroup, in the zygote's cgroup
+    namespace): the grader's PID and a random token, no student, notebook or count of runs."""
+    if cpu_share.found()[0] is None:
+        pytest.skip("no CPU group can be made here")
+    zygotes = Zygotes(tmp_path / "zygotes")
+    try:
+        seen = [graded(course, "print(open('/proc/self/cgroup').read())", zygotes=zygotes)[1] for _ in range(2)]
+    finally:
+        zygotes.close()
+    names = [line.rsplit("/", 1)[1] for text in seen for line in text.splitlines() if cpu_share.PREFIX in line]
+    assert len(names) == 2 and names[0] != names[1], seen
+    for name in names:
+        assert re.fullmatch(re.escape(cpu_share.PREFIX) + r"\d+-[0-9a-f]{16}", name), name
+        assert "cpu-" not in name  # the job's id ("cpu-N" here; "assignment/student/notebook" in grading)
