@@ -72,7 +72,7 @@ class _Grace:
     cpu: float = 0.0  # the CPU-seconds the run's processes had used then
     grader_waited: float | None = None  # the grader's own run-queue delay then
     extra: float = 0.0  # the grace added so far
-    read_at: float = 0.0
+    read_at: float = 0.0  # when the kernel was last asked
 
 
 def grace_extra(extra: float, runner_waited: float | None, grader_waited: float) -> float:
@@ -120,7 +120,6 @@ class Supervisor:
         self.process = None  # the sealed process's handle (autograder/pipeline/seals.py)
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
-        # the cell whose limit has passed, its runner's run-queue delay then, the grace added since, when last read
         self._grace = _Grace()  # the running cell's, once its limit has passed
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)

@@ -104,10 +104,11 @@ class Seal:
         """What the runner's filter does with ``setsid``/``setpgid``: refused without a CPU group."""
         return "allowed" if self.cpu is not None else "refused"
 
-    def release_cpu(self) -> list[int]:
-        """Remove the run's CPU group, killing what is still in it: the PIDs it held."""
+    def release_cpu(self) -> None:
+        """Remove the run's CPU group, killing what is still in it."""
         group, self.cpu = self.cpu, None
-        return group.close() if group is not None else []
+        if group is not None:
+            group.close()
 
     baseline_mb = 0.0  # what the run's processes used when its first cell was about to start
 
@@ -211,7 +212,10 @@ class Forked(Seal):
         before it runs a cell (what it starts later is in the group with it)."""
         handle.attach(sock)
         if self.cpu is not None and handle.pid is not None:
-            self.cpu.add(handle.pid)
+            try:
+                self.cpu.add(handle.pid)
+            except ProcessLookupError:
+                pass  # it ended first (its log says why): the run ends as its process ended
 
     def memory_mb(self, handle: Child, run: Supervisor) -> float:
         return sandbox.tree_memory_mb(handle.memory_root)  # the zygote's pages with the child's
