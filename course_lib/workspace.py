@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 import stat
 import sys
 import tempfile
@@ -239,9 +240,10 @@ def _unsafe(folder: _Folder, work: Path) -> str | None:
         return None
     if info.st_uid != os.geteuid():  # (_others_can_write is False on Windows: POSIX only here)
         return (f"{folder.path} can be written by other accounts (it is {_owner(info)}'s), which could plant "
-                f"links there: move it away (e.g. mv '{folder.path}' '{folder.path}.theirs')")
+                f"links there: move it away (e.g. mv {shlex.quote(str(folder.path))} "
+                f"{shlex.quote(str(folder.path) + '.theirs')})")
     return (f"{folder.path} can be written by other accounts, which could plant links there: "
-            f"make it yours alone (chmod -R go-w {work})")
+            f"make it yours alone (chmod -R go-w {shlex.quote(str(work))})")
 
 
 def _open_work(work: Path) -> _Folder:

@@ -242,7 +242,7 @@ def test_a_partners_dangling_link_at_a_notebooks_place_creates_nothing_in_the_vi
     assert not os.path.lexists(planted)
     assert refused.returncode != 0, refused.stdout
     assert f"{lab.work / A} can be written by other accounts (it is {lab.partner}'s)" in refused.stderr and \
-        f"move it away (e.g. mv '{lab.work / A}' '{lab.work / A}.theirs')" in refused.stderr, refused.stderr
+        f"move it away (e.g. mv {lab.work / A} {lab.work / A}.theirs)" in refused.stderr, refused.stderr
     moved = lab.run_as(lab.victim, ["mv", str(lab.work / A), f"{lab.work / A}.theirs"])
     assert moved.returncode == 0, moved.stderr
     again = lab.workspace()

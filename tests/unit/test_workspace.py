@@ -249,11 +249,12 @@ def test_a_work_folder_others_can_write_is_refused_with_the_fix(course, tmp_path
     import grp
     import pwd
 
-    work = tmp_path / "work"
+    work = tmp_path / "it's our work"  # the fix printed is one a shell runs as it reads
     work.mkdir()
     work.chmod(0o777)
-    with pytest.raises(SystemExit, match=r"chmod -R go-w"):
+    with pytest.raises(SystemExit, match=r"chmod -R go-w") as refused:
         sync(course, work)
+    assert f"chmod -R go-w '{tmp_path}/it'\"'\"'s our work'" in str(refused.value), str(refused.value)
     assert list(work.iterdir()) == []
     work.chmod(0o775)
     if set(grp.getgrgid(os.getegid()).gr_mem) - {pwd.getpwuid(os.geteuid()).pw_name}:
