@@ -13,12 +13,14 @@ notebook), then grades it twice with the code traced (``sys.setprofile``):
 2. ``job``: the same submission graded again in this process (``in_process``, ``force``):
    every function of ``autograder/`` called while the grading worker's entry point runs
    (the job's run in its sandbox, its judgement), from its first call into the worker module
-   to that call's return.
+   to that call's return. ``--from dispatch`` starts the job's walk one step earlier, at
+   ``dispatch`` (which also records the result), and counts the grader's own calls into
+   ``autograder/inside/`` (cells, the channel) as well: the walk issue 52 was measured with.
 
 Each walk reads a function once, at its first call, as a reader follows the code (a
 comprehension or a lambda is read where it stands); calls in a row in one module are one *stop*. It prints, per walk, the modules visited, the stops and the
 *returns* (stops in a module already left), and the path itself. The code of
-``autograder/inside/`` (the sandbox's side) is not part of either walk. Nothing here is timed.
+Otherwise ``autograder/inside/`` (the sandbox's side) is not part of either walk. Nothing here is timed.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ PACKAGE = REPO / "autograder"
 INSIDE = PACKAGE / "inside"
 
 
-def _module(filename: str) -> str | None:
+def _module(filename: str, inside: bool = False) -> str | None:
     path = Path(filename)
-    if path.suffix != ".py" or not path.is_relative_to(PACKAGE) or path.is_relative_to(INSIDE):
+    if path.suffix != ".py" or not path.is_relative_to(PACKAGE) or (path.is_relative_to(INSIDE) and not inside):
         return None
     rel = path.relative_to(REPO).with_suffix("")
     return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
@@ -99,8 +101,9 @@ def _follow_course(course) -> Walk:
     return walk
 
 
-def _follow_job() -> Walk:
+def _follow_job(start: str = "worker") -> Walk:
     walk = Walk()
+    inside = start == "dispatch"
     entry: list = []  # the worker's entry frame, while it runs
 
     def profile(frame, event, arg):
@@ -110,10 +113,10 @@ def _follow_job() -> Walk:
             return
         if event != "call":
             return
-        module = _module(frame.f_code.co_filename)
+        module = _module(frame.f_code.co_filename, inside)
         if module is None:
             return
-        if not entry and module.rpartition(".")[2] == "worker":
+        if not entry and (frame.f_code.co_name == "dispatch" if inside else module.rpartition(".")[2] == "worker"):
             entry.append(frame)
         if entry:
             walk.add(frame.f_code, module)
@@ -145,6 +148,8 @@ def _autograde():
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--notebook", default="03_self_attention")
+    parser.add_argument("--from", dest="start", choices=("worker", "dispatch"), default="worker",
+                        help="where the job's walk starts (dispatch: with the grader's calls into autograder/inside/)")
     args = parser.parse_args(argv)
 
     import nbformat
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         assert code == 0, code
 
         GradingOptions, autograde = _grading_options(), _autograde()
-        job_walk = _follow_job()
+        job_walk = _follow_job(args.start)
         try:
             reports = autograde(course, args.notebook, GradingOptions(workers=1, in_process=True, force=True))
         finally:
@@ -190,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"alice scored {score:g} of {reports[0]['max_score']:g}\n")
         print(walks[0].summary("course through `workbook autograde`", leave_out="Course"))
         print()
-        print(job_walk.summary("job through the grading worker"))
+        print(job_walk.summary("job through the grading worker" if args.start == "worker" else
+                               "job from dispatch (with autograder/inside/)"))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

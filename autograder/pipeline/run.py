@@ -28,12 +28,10 @@ from course_lib.grading.answer.wire import WireLimits
 from ..inside.cells import is_test_cell, item_of, nbgrader_meta
 from ..inside.channel import MAX_FRAME, FrameReader, ProtocolError
 from ..sealing import sandbox
-from ..sealing.isolation import Isolation
-from ..sealing.zygote import Zygote
 from .handoffs import Ending, Job, RunOutcome
 from .run_protocol import Conversation
 from .run_transcript import Transcript
-from .seals import RUNNER, Seal, seal_for
+from .seals import RUNNER, Seal
 
 __all__ = ["run_notebook", "Supervisor", "RUNNER", "known_item", "grace_extra"]
 
@@ -47,13 +45,11 @@ MAX_FILES_MB = 100
 STRICT = WireLimits(max_bytes=MAX_FRAME, max_header=4 * 2**20, max_nodes=200_000)  # what the sandbox may send
 
 
-def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int, zygote: Zygote | None = None,
-                 why_not_zygote: str = "") -> RunOutcome:
-    """Run ``job``'s notebook sealed off, served until it ends; everything it started is
-    stopped before this returns. ``uid``: the bubblewrap sandbox's user when the grader is
-    root; ``zygote``: the worker's, to fork the run from (bubblewrap as root), else a fresh
-    sandbox (``why_not_zygote`` says why, for the run's summary)."""
-    supervisor = Supervisor(job, course_copy, job_dir, uid, zygote=zygote, why_not_zygote=why_not_zygote)
+def run_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int, seal: Seal) -> RunOutcome:
+    """Run ``job``'s notebook sealed off by ``seal`` (the worker's choice:
+    autograder/pipeline/seals.py), served until it ends; everything it started is stopped
+    before this returns. ``uid``: the bubblewrap sandbox's user when the grader is root."""
+    supervisor = Supervisor(job, course_copy, job_dir, uid, seal)
     try:
         supervisor.start()
         supervisor.serve()
@@ -99,8 +95,7 @@ def known_item(item: str) -> bool:
 class Supervisor:
     """One notebook's sealed process: started, watched (time, memory), served, stopped."""
 
-    def __init__(self, job: Job, course_copy: Path, job_dir: Path, uid: int, zygote: Zygote | None = None,
-                 why_not_zygote: str = "") -> None:
+    def __init__(self, job: Job, course_copy: Path, job_dir: Path, uid: int, seal: Seal) -> None:
         self.job = job
         self.course_copy = course_copy
         self.job_dir = job_dir
@@ -123,8 +118,7 @@ class Supervisor:
         self._grace = _Grace()  # the running cell's, once its limit has passed
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
-        # how the process is sealed off (and how its memory is counted)
-        self.seal: Seal = seal_for(Isolation.of(job.get("isolation")), zygote, why_not_zygote)
+        self.seal = seal  # how the process is sealed off (and how its memory is counted)
         self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device,
                                          on_ready=functools.partial(self.seal.measure_baseline, self))
 

@@ -22,6 +22,7 @@ from ..sealing.zygote import ZygoteFailed, Zygotes, zygote_possible
 from .handoffs import Job, WorkerResult
 from .judge import judge
 from .run import run_notebook
+from .seals import seal_for
 from .source_checks import read_source
 
 __all__ = ["grade_notebook", "grade_job", "grade_job_in_this_worker", "init_worker", "WORKER_MEMORY", "seal_check"]
@@ -107,7 +108,8 @@ def grade_notebook(job: Job, course_copy: Path, job_dir: Path, uid: int = SANDBO
 def _run(job: Job, course_copy: Path, job_dir: Path, uid: int, zygotes: Zygotes | None):
     """The run, forked from a zygote where it can be, else in a sandbox of its own (also when
     the zygote fails to start a child: it is not used again)."""
-    why = zygote_possible(Isolation.of(job.get("isolation")), bool(job.get("gpu"))) if zygotes else "no zygote"
+    isolation = Isolation.of(job.get("isolation"))
+    why = zygote_possible(isolation, bool(job.get("gpu"))) if zygotes else "no zygote"
     zygote = None
     if not why:
         threads = int(job.get("threads", 1))
@@ -115,10 +117,10 @@ def _run(job: Job, course_copy: Path, job_dir: Path, uid: int, zygotes: Zygotes 
         why = zygotes.why_not(course_copy, uid, threads)
     if zygote is not None:
         try:
-            return run_notebook(job, course_copy, job_dir, uid, zygote)
+            return run_notebook(job, course_copy, job_dir, uid, seal_for(isolation, zygote))
         except ZygoteFailed as exc:
             why = zygotes.refuse(course_copy, uid, int(job.get("threads", 1)), str(exc))
-    return run_notebook(job, course_copy, job_dir, uid, None, why)
+    return run_notebook(job, course_copy, job_dir, uid, seal_for(isolation, None, why))
 
 
 def seal_check(isolation_name: str = "bubblewrap") -> tuple[bool, str]:
