@@ -84,19 +84,26 @@ class FrameReader:
         """Every complete message in the buffer (decoded); :class:`ProtocolError` on a
         frame that is too big or malformed."""
         out = []
-        while len(self.buffer) >= _LEN.size:
-            (n,) = _LEN.unpack_from(self.buffer)
-            if n > self.max_frame:
-                raise ProtocolError(f"a frame of {n} bytes is over the {self.max_frame} byte limit")
-            if len(self.buffer) < _LEN.size + n:
-                break
-            raw = bytes(self.buffer[_LEN.size:_LEN.size + n])
-            del self.buffer[:_LEN.size + n]
-            try:
-                message = decode(raw, self.limits, kind="message")
-            except WireError as exc:
-                raise ProtocolError(f"malformed message: {exc}") from None
-            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-                raise ProtocolError("a message must be a dict with a type")
+        while (message := self.next_frame()) is not None:
             out.append(message)
         return out
+
+    def next_frame(self) -> Any:
+        """The first complete message in the buffer (decoded), None if there is none yet;
+        :class:`ProtocolError` on a frame that is too big or malformed."""
+        if len(self.buffer) < _LEN.size:
+            return None
+        (n,) = _LEN.unpack_from(self.buffer)
+        if n > self.max_frame:
+            raise ProtocolError(f"a frame of {n} bytes is over the {self.max_frame} byte limit")
+        if len(self.buffer) < _LEN.size + n:
+            return None
+        raw = bytes(self.buffer[_LEN.size:_LEN.size + n])
+        del self.buffer[:_LEN.size + n]
+        try:
+            message = decode(raw, self.limits, kind="message")
+        except WireError as exc:
+            raise ProtocolError(f"malformed message: {exc}") from None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise ProtocolError("a message must be a dict with a type")
+        return message

@@ -215,9 +215,11 @@ class Oracle:
             self.conn.close()
         self.pid = self.conn = None
 
-    def ask(self, message: dict, refused: set[str]) -> dict:
+    def ask(self, message: dict, refused: set[str], timeout: float = float("inf")) -> dict:
         """The reply to a stub's ``oracle`` message (``{"ok": False, "text": ...}`` when
-        refused). ``refused``: the items not graded yet, whose references are off limits."""
+        refused). ``refused``: the items not graded yet, whose references are off limits;
+        ``timeout``: what is left of the run's time (the call takes at most that, and at most
+        the oracle's own limit)."""
         name = message.get("name")
         if not isinstance(name, str) or name not in self.targets:
             return {"ok": False, "text": "that is not one of this notebook's references"}
@@ -247,11 +249,12 @@ class Oracle:
         self.calls += 1
         try:
             _send(self.conn, data)
-            self.conn.settimeout(self.timeout)
+            limit = max(0.05, min(self.timeout, timeout))
+            self.conn.settimeout(limit)
             reply = decode(_recv(self.conn))
         except (socket.timeout, TimeoutError):
             self.close()
-            return {"ok": False, "text": f"course_lib's reference took longer than {self.timeout:g} s"}
+            return {"ok": False, "text": f"course_lib's reference took longer than {limit:g} s"}
         except (EOFError, OSError, WireError):
             self.close()
             return {"ok": False, "text": "course_lib's reference failed (out of memory?)"}

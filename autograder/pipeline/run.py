@@ -116,11 +116,13 @@ class Supervisor:
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
         self._grace = _Grace()  # the running cell's, once its limit has passed
+        self._deadline = float("inf")  # the notebook's (time.monotonic()), once it is served
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
         self.seal = seal  # how the process is sealed off (and how its memory is counted)
         self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device,
-                                         on_ready=functools.partial(self.seal.measure_baseline, self))
+                                         on_ready=functools.partial(self.seal.measure_baseline, self),
+                                         time_left=self.time_left)
 
     # -- starting -----------------------------------------------------------
     def _setup_message(self) -> dict:
@@ -189,7 +191,7 @@ class Supervisor:
         run = self.transcript
         reader = FrameReader(max_frame=MAX_FRAME, limits=STRICT)
         started = time.monotonic()
-        deadline = started + self.limits.notebook_timeout
+        deadline = self._deadline = started + self.limits.notebook_timeout
         next_memory_check = started
         while not run.done:
             now = time.monotonic()
@@ -220,6 +222,18 @@ class Supervisor:
                     return
             elif current is not None and now >= cell_started + self.limits.cell_timeout:
                 self._starved(current, now)  # the run-queue delay counts from the cell's limit on
+            try:
+                message = reader.next_frame()
+                if message is not None:  # one message a turn: the limits above are checked between any two
+                    self.conversation.handle(message)
+                    continue
+            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                if self._ended(1.0):  # it did not break the protocol, it died (killed: out of memory?)
+                    run.end(Ending.PROCESS_ENDED, "the notebook's process ended", run.current)
+                    return
+                run.end(Ending.PROTOCOL_BROKEN, "the grader stopped the notebook: its process broke the grading "
+                                                f"protocol ({exc})", run.current, "protocol")
+                return
             waits = [deadline - now] + ([next_memory_check - now] if self.limits.memory_mb else [])
             if current is not None:
                 limit = cell_started + self.limits.cell_timeout
@@ -236,18 +250,16 @@ class Supervisor:
                 run.end(Ending.PROCESS_ENDED, "the notebook's process ended", run.current)
                 return
             reader.feed(data)
-            try:
-                for message in reader.frames():
-                    self.conversation.handle(message)
-                    if run.done:
-                        break
-            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-                if self._ended(1.0):  # it did not break the protocol, it died (killed: out of memory?)
-                    run.end(Ending.PROCESS_ENDED, "the notebook's process ended", run.current)
-                    return
-                run.end(Ending.PROTOCOL_BROKEN, "the grader stopped the notebook: its process broke the grading "
-                                                f"protocol ({exc})", run.current, "protocol")
-                return
+
+    def time_left(self) -> float:
+        """Seconds until the run would be stopped: the notebook's limit, or the running cell's
+        with its grace (what one call of course_lib's reference may take at most)."""
+        now = time.monotonic()
+        left = self._deadline - now
+        current = self.transcript.current
+        if current is not None:
+            left = min(left, self.transcript.cell_started + self.limits.cell_timeout + GRACE + self._grace.extra - now)
+        return max(0.0, left)
 
     def _starved(self, current: int, now: float) -> float:
         """The seconds added to the current cell's grace: how long the notebook's runner, once

@@ -43,9 +43,11 @@ class Conversation:
     unknown kind, and when the runner does not read its replies."""
 
     def __init__(self, transcript: Transcript, tests: dict[str, str], items: list[str], test_cell: dict[str, int],
-                 salts: dict[str, int], device: torch.device, on_ready: Callable[[], None] = lambda: None) -> None:
+                 salts: dict[str, int], device: torch.device, on_ready: Callable[[], None] = lambda: None,
+                 time_left: Callable[[], float] = lambda: float("inf")) -> None:
         self.sock: socket.socket | None = None
         self.on_ready = on_ready  # called once, when the runner is about to run the first cell
+        self.time_left = time_left  # seconds until the run is stopped (its notebook's or running cell's limit)
         self.ready = False
         self.transcript = transcript
         self.tests = tests  # grade_id -> item
@@ -123,7 +125,7 @@ class Conversation:
             limits = self.transcript.limits
             self.oracle = Oracle(reference_targets(self.items), memory_mb=limits.memory_mb,
                                  timeout=min(60.0, float(limits.cell_timeout)))
-        answer = self.oracle.ask(message, refused)
+        answer = self.oracle.ask(message, refused, timeout=self.time_left())
         self.oracle_calls = self.oracle.calls
         return answer
 
@@ -161,7 +163,7 @@ class Conversation:
         item = self.tests.get(gid) if isinstance(gid, str) else None
         self.open_items.clear()  # a new request closes any plan still open
         current = run.cells[run.current] if run.current is not None else {}
-        if not is_test_cell(current) or nbgrader_meta(current).get("grade_id") != gid:
+        if item is None or not is_test_cell(current) or nbgrader_meta(current).get("grade_id") != gid:
             item = None  # a plan is given only while its own test cell runs
         if item is None or item not in self.items or item in self.requested:
             self.reply({"type": "no_plan"})

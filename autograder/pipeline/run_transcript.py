@@ -74,15 +74,14 @@ class Transcript:
 
     def start_cell(self, index: Any) -> None:
         """Cell ``index`` starts; a :class:`ProtocolError` unless it comes after the last one."""
-        if (not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.cells)
-                or index <= self._last_cell):
+        if not _cell_index(index) or not 0 <= index < len(self.cells) or index <= self._last_cell:
             raise ProtocolError("cells run in order, each once")
         self._current, self._cell_started, self._last_cell = index, time.monotonic(), index
 
     def end_cell(self, index: Any, count: Any, status: Any) -> None:
         """The running cell ``index`` ended (its execution count and status as the runner says;
         anything else is ignored)."""
-        if index is None or index != self._current:
+        if not _cell_index(index) or index != self._current:
             return
         self.counts[index] = count if isinstance(count, int) and not isinstance(count, bool) else None
         self.status[index] = status if isinstance(status, str) else "ok"
@@ -94,7 +93,7 @@ class Transcript:
     def called_exit(self, index: Any) -> None:
         """The notebook called exit() (in cell ``index``, or the running one)."""
         self.end(Ending.EXIT_CALLED, "the notebook called exit()",
-                 index if isinstance(index, int) and not isinstance(index, bool) else self._current)
+                 index if _cell_index(index) and 0 <= index < len(self.cells) else self._current)
         self._done = True
 
     def finished(self) -> None:
@@ -103,7 +102,7 @@ class Transcript:
 
     def runner_dropped(self, index: Any) -> None:
         """The runner dropped output of the running cell before sending it."""
-        if index is not None and index == self._current and index not in self.truncated:
+        if _cell_index(index) and index == self._current and index not in self.truncated:
             self.truncate(index)
 
     # -- the runner's messages about the cells (run_protocol.Conversation.handle hands them over) --
@@ -146,7 +145,7 @@ class Transcript:
                                               "the rest was dropped")
 
     def add_output(self, index: Any, output: Any) -> None:
-        if not isinstance(index, int) or not 0 <= index < len(self.cells) or index != self._current:
+        if not _cell_index(index) or index != self._current:
             return
         if is_test_cell(self.cells[index]):
             return  # a test cell shows the grader's report only
@@ -162,10 +161,17 @@ class Transcript:
         nb_cap = self.limits.max_notebook_output_kb * 1024
         used = self.used.get(index, 0)
         if kind not in ("stream", "error") and set(clean["data"]) & set(IMAGE_TYPES):
-            # a figure counts against the notebook's outputs, not the cell's (that limit is for what a
-            # cell prints); one that does not fit is left out whole, with a line, and the cell goes on
+            # a figure's image counts against the notebook's outputs, not the cell's (that limit is for
+            # what a cell prints); what it carries beside the image (its text/plain, any HTML) is printed
+            # matter and counts against the cell, dropped where it does not fit. A figure that does not
+            # fit is left out whole, with a line, and the cell goes on
+            beside = sum(len(v) for k, v in clean["data"].items() if k not in IMAGE_TYPES)
+            if beside and used + beside > cell_cap:
+                clean["data"] = {k: v for k, v in clean["data"].items() if k in IMAGE_TYPES}
+                size, beside = size - beside, 0
             if self.total + size <= nb_cap:
                 self.total += size
+                self.used[index] = used + beside
                 self.outputs.setdefault(index, []).append(clean)
                 return
             clean = {"output_type": "stream", "name": "stdout",
@@ -213,6 +219,12 @@ class Transcript:
         if not self.done and self.ending is None:
             self.ending, self.reason = Ending.STOPPED, "the notebook stopped"
         cell_errors(self)
+
+
+def _cell_index(value: Any) -> bool:
+    """Whether the runner sent a cell's index as a plain int (its messages may be forged: a
+    tensor, a bool or an int subclass compares as it likes)."""
+    return type(value) is int
 
 
 CELL_MESSAGES: dict[str, Callable[[Transcript, dict], None]] = {

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from autograder.doors import intake
+from autograder.inside.channel import ProtocolError
 from autograder.pipeline.prepare import extra_files, item_salt, read_submission
 from autograder.pipeline.source_checks import find_copies, forbidden_uses
 from autograder.pipeline.reference_oracle import Oracle
@@ -210,3 +211,64 @@ def test_letters_of_other_scripts_and_symbols_are_shown_as_they_are():
 
     text = "héllo 日本語 Ωμέγα ∑ 🙂 Ω"
     assert not any(invisible(ch) for ch in text) and shown(text) == text
+
+
+def _running_transcript(**limits):
+    from autograder.pipeline.run_transcript import Transcript
+    from autograder.sealing.sandbox import Limits
+    run = Transcript([{"cell_type": "code", "source": "x", "metadata": {}} for _ in range(3)], Limits(**limits))
+    run.start_cell(0)
+    return run
+
+
+def test_forged_cell_indices_in_the_runners_messages_are_ignored():
+    """A cell's index as a tensor (which compares as it likes) used to raise out of the serve
+    loop, and an exit() at cell 10**6 out of the judge: both a crash of the grader's."""
+    run = _running_transcript()
+    for forged in (torch.tensor([0, 1]), torch.tensor(0), True, 0.0):
+        run.on_cell_end({"index": forged, "status": "ok", "execution_count": 1})
+        run.on_truncated({"index": forged})
+        run.on_output({"index": forged, "output": {"output_type": "stream", "name": "stdout", "text": "x"}})
+        with pytest.raises(ProtocolError):
+            run.on_cell_start({"index": forged})
+    assert run.current == 0 and not run.counts and not run.truncated and not run.outputs
+    run.on_exit({"index": 10**6})
+    assert run.ended_at == 0 and run.done  # the running cell, not one that does not exist
+
+
+def test_what_a_figure_carries_beside_its_image_counts_against_the_cell():
+    """Each output: a 1x1 PNG and 256 kB of text/plain. The text used to count against the
+    notebook's 4 MB only, never the cell's 256 kB (15 kept: 3.9 M characters in one cell)."""
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4//8/AAX+Av6nNYGEAAAAAElFTkSuQmCC"
+    run = _running_transcript(max_output_kb=256, max_notebook_output_kb=4096)
+    for _ in range(15):
+        run.add_output(0, {"output_type": "display_data", "metadata": {},
+                           "data": {"image/png": png, "text/plain": "T" * 200 * 1024}})
+    kept = run.outputs[0]
+    assert len(kept) == 15 and all(o["data"]["image/png"] == png for o in kept)  # every figure kept
+    beside = sum(len(o["data"].get("text/plain", "")) for o in kept)
+    assert beside == 200 * 1024, beside  # the first one's text fits; the others' is dropped
+    run.add_output(0, {"output_type": "stream", "name": "stdout", "text": "y" * 100 * 1024})
+    assert run.truncated == {0}  # and what the cell prints after it is counted on top
+
+
+def test_a_sub_checks_message_is_cut_however_much_of_the_answer_it_quotes():
+    """An answer whose state_dict names its parameters with megabyte-long names made the test
+    cell's report 6.3 M characters (past every output cap: a report is the grader's)."""
+    from course_lib.grading.judge.results import MAX_MESSAGE, ItemResult, SubResult, format_report
+    huge = "parameter shapes differ: " + "W" * 3 * 2**20
+    result = ItemResult("SelfAttention", [SubResult("layout", 1, 0.0, False, huge)], True, 1.0)
+    assert len(result.results[0].message) == MAX_MESSAGE
+    assert result.results[0].message.endswith(f"(cut: the message was {len(huge):,} characters)")
+    assert len(format_report(result)) < MAX_MESSAGE + 1000
+    again = ItemResult.from_data(result.as_data())  # as the instructor's side reads it back
+    assert again.results[0].message == result.results[0].message
+
+
+def test_frames_are_read_one_at_a_time():
+    from autograder.inside.channel import _LEN, FrameReader
+    frames = [encode({"type": "output", "index": i}, kind="message") for i in range(3)]
+    reader = FrameReader()
+    reader.feed(b"".join(_LEN.pack(len(f)) + f for f in frames) + _LEN.pack(100) + b"partial")
+    assert [reader.next_frame()["index"] for _ in range(3)] == [0, 1, 2]
+    assert reader.next_frame() is None and len(reader.buffer) == _LEN.size + len(b"partial")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SubResult", "ItemResult", "Score", "format_report"]
+__all__ = ["SubResult", "ItemResult", "Score", "format_report", "MAX_MESSAGE"]
+
+MAX_MESSAGE = 10_000  # characters of one sub-check's message kept (its text can quote what the answer holds)
 
 
 @dataclass
@@ -18,6 +20,12 @@ class SubResult:
     hidden: bool
     message: str = ""
     mistake: str = ""  # the likely cause, by name (a catalogued mistake's name when it is one)
+
+    def __post_init__(self) -> None:
+        # a message quotes the answer (its names, its values): an answer can make it any size
+        if len(self.message) > MAX_MESSAGE:  # (cut to MAX_MESSAGE with its note: read back, it is not cut again)
+            note = f"\n... (cut: the message was {len(self.message):,} characters)"
+            self.message = self.message[:MAX_MESSAGE - len(note)] + note
 
     @property
     def passed(self) -> bool:
