@@ -116,13 +116,11 @@ class Supervisor:
         self.sock: socket.socket | None = None
         self.survivors: list[int] = []  # processes of the student's user still alive after stop (container mode)
         self._grace = _Grace()  # the running cell's, once its limit has passed
-        self._deadline = float("inf")  # the notebook's (time.monotonic()), once it is served
         self.limits = sandbox.Limits(**job["limits"])
         self.transcript = Transcript(self.nb["cells"], self.limits)
         self.seal = seal  # how the process is sealed off (and how its memory is counted)
         self.conversation = Conversation(self.transcript, self.tests, self.items, test_cell, self.salts, self.device,
-                                         on_ready=functools.partial(self.seal.measure_baseline, self),
-                                         time_left=self.time_left)
+                                         on_ready=functools.partial(self.seal.measure_baseline, self))
 
     # -- starting -----------------------------------------------------------
     def _setup_message(self) -> dict:
@@ -191,7 +189,7 @@ class Supervisor:
         run = self.transcript
         reader = FrameReader(max_frame=MAX_FRAME, limits=STRICT)
         started = time.monotonic()
-        deadline = self._deadline = started + self.limits.notebook_timeout
+        deadline = started + self.limits.notebook_timeout
         next_memory_check = started
         while not run.done:
             now = time.monotonic()
@@ -225,6 +223,9 @@ class Supervisor:
             try:
                 message = reader.next_frame()
                 if message is not None:  # one message a turn: the limits above are checked between any two
+                    # (and what it asks of the grader may take until the run would be stopped, no longer)
+                    self.conversation.stop_at = deadline if current is None else min(
+                        deadline, cell_started + self.limits.cell_timeout + GRACE + self._grace.extra)
                     self.conversation.handle(message)
                     continue
             except (ProtocolError, KeyError, TypeError, ValueError) as exc:
@@ -250,16 +251,6 @@ class Supervisor:
                 run.end(Ending.PROCESS_ENDED, "the notebook's process ended", run.current)
                 return
             reader.feed(data)
-
-    def time_left(self) -> float:
-        """Seconds until the run would be stopped: the notebook's limit, or the running cell's
-        with its grace (what one call of course_lib's reference may take at most)."""
-        now = time.monotonic()
-        left = self._deadline - now
-        current = self.transcript.current
-        if current is not None:
-            left = min(left, self.transcript.cell_started + self.limits.cell_timeout + GRACE + self._grace.extra - now)
-        return max(0.0, left)
 
     def _starved(self, current: int, now: float) -> float:
         """The seconds added to the current cell's grace: how long the notebook's runner, once

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import socket
+import time
 from typing import Any, Callable
 
 import torch
@@ -43,11 +44,10 @@ class Conversation:
     unknown kind, and when the runner does not read its replies."""
 
     def __init__(self, transcript: Transcript, tests: dict[str, str], items: list[str], test_cell: dict[str, int],
-                 salts: dict[str, int], device: torch.device, on_ready: Callable[[], None] = lambda: None,
-                 time_left: Callable[[], float] = lambda: float("inf")) -> None:
+                 salts: dict[str, int], device: torch.device, on_ready: Callable[[], None] = lambda: None) -> None:
         self.sock: socket.socket | None = None
         self.on_ready = on_ready  # called once, when the runner is about to run the first cell
-        self.time_left = time_left  # seconds until the run is stopped (its notebook's or running cell's limit)
+        self.stop_at = float("inf")  # when the run would be stopped (time.monotonic()), set before each message
         self.ready = False
         self.transcript = transcript
         self.tests = tests  # grade_id -> item
@@ -125,7 +125,7 @@ class Conversation:
             limits = self.transcript.limits
             self.oracle = Oracle(reference_targets(self.items), memory_mb=limits.memory_mb,
                                  timeout=min(60.0, float(limits.cell_timeout)))
-        answer = self.oracle.ask(message, refused, timeout=self.time_left())
+        answer = self.oracle.ask(message, refused, timeout=self.stop_at - time.monotonic())
         self.oracle_calls = self.oracle.calls
         return answer
 
