@@ -80,14 +80,6 @@ class FrameReader:
     def feed(self, data: bytes) -> None:
         self.buffer += data
 
-    def frames(self) -> list[Any]:
-        """Every complete message in the buffer (decoded); :class:`ProtocolError` on a
-        frame that is too big or malformed."""
-        out = []
-        while (message := self.next_frame()) is not None:
-            out.append(message)
-        return out
-
     def next_frame(self) -> Any:
         """The first complete message in the buffer (decoded), None if there is none yet;
         :class:`ProtocolError` on a frame that is too big or malformed."""
