@@ -37,6 +37,8 @@ __all__ = ["run_notebook", "Supervisor", "RUNNER", "known_item", "grace_extra"]
 
 GRACE = 10.0  # seconds a cell may overrun its limit before the sandbox is stopped
 STARVED_MAX = 60.0  # at most this much more for a sandbox kept waiting for a CPU meanwhile (a busy machine)
+READ_EVERY = 0.5  # seconds between two readings of the runner's waits as a cell runs past its limit
+FRESH = 0.1  # ... and at most this old when the grace is decided
 
 MEMORY_CHECK = 0.25  # seconds between two looks at the memory all of a sandbox's processes use
 
@@ -212,11 +214,13 @@ class Supervisor:
                                                  "reached", current, "notebook_timeout")
                 return
             if current is not None and now >= cell_started + self.limits.cell_timeout + GRACE:
-                if now >= cell_started + self.limits.cell_timeout + GRACE + self._starved(current, now):
+                if self._past_grace(current, cell_started, now):
                     late = now - cell_started - self.limits.cell_timeout
+                    added = f": a grace of {GRACE:g} s and {self._grace.extra:.1f} s more while its runner " \
+                        "waited for a CPU" if self._grace.extra >= 0.1 else ""
                     run.end(Ending.CELL_TIMEOUT, f"the cell ran longer than the {self.limits.cell_timeout} s limit "
                                                  f"and did not stop when interrupted (stopped {late:.1f} s after "
-                                                 "the limit)", current, "cell_timeout")
+                                                 f"the limit{added})", current, "cell_timeout")
                     return
             elif current is not None and now >= cell_started + self.limits.cell_timeout:
                 self._starved(current, now)  # the run-queue delay counts from the cell's limit on
@@ -252,21 +256,32 @@ class Supervisor:
                 return
             reader.feed(data)
 
-    def _starved(self, current: int, now: float) -> float:
+    def _past_grace(self, current: int, cell_started: float, now: float) -> bool:
+        """Whether the current cell, started at ``cell_started``, has run past its limit and
+        grace, decided on a fresh reading of the runner's waits (at most :data:`FRESH` old). A
+        stale one, from before the runner's latest wait, would cut its grace short: a runner
+        kept off the CPU most of the time was stopped a second or two into a grace that had
+        grown since."""
+        end = cell_started + self.limits.cell_timeout + GRACE
+        return now >= end and now >= end + self._starved(current, now, FRESH)
+
+    def _starved(self, current: int, now: float, within: float = READ_EVERY) -> float:
         """The seconds added to the current cell's grace: how long the notebook's runner, once
         the cell's limit had passed, waited for a CPU that the run was denied (the interrupt
         is handled by the runner's main thread; on a machine busy with other sandboxes it can
         wait longer than the grace itself). A wait while the run's own processes used its
         share (``threads`` CPUs) is the notebook's doing and adds nothing; what the grader
         itself waited for a CPU meanwhile counts against the bound (:func:`grace_extra`).
-        Read at most twice a second; 0 where the kernel does not say."""
+        The kernel is asked again when its last reading is ``within`` seconds old (twice a
+        second as the run goes; :data:`FRESH` when the grace is being decided); 0 where it does
+        not say."""
         grace, pid = self._grace, self.process.pid
         if grace.cell != current:
             self._grace = _Grace(current, now, sandbox.run_queue_seconds(pid) if pid else None,
                                  sandbox.tree_cpu_seconds(self.process.memory_root), sandbox.own_run_queue_seconds(),
                                  read_at=now)
             return 0.0
-        if grace.runner_waited is not None and now - grace.read_at >= 0.5:
+        if grace.runner_waited is not None and now - grace.read_at >= within:
             waited = sandbox.run_queue_seconds(pid) if pid else None
             denied = self.threads * (now - grace.since) - (sandbox.tree_cpu_seconds(self.process.memory_root) - grace.cpu)
             starved = None if waited is None else min(waited - grace.runner_waited, max(0.0, denied))

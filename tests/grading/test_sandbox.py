@@ -282,6 +282,7 @@ for _ in range(8):
 BUSY = """
 import os, sys, time
 os.sched_setaffinity(0, {int(sys.argv[1])})
+print("busy", flush=True)
 end = time.time() + 60
 while time.time() < end:
     pass
@@ -290,11 +291,16 @@ while time.time() < end:
 
 class _BusyMachine:
     """Twenty busy processes outside any sandbox, each in a session of its own, on one CPU: a
-    grading machine busy with other work, which keeps a run pinned there waiting for the CPU."""
+    grading machine busy with other work, which keeps a run pinned there waiting for the CPU.
+    Each is on that CPU before the run starts: a run forked from a zygote starts at once, and some
+    could still be starting when its cell's limit passed."""
 
     def __init__(self, cpu: int) -> None:
-        self.processes = [subprocess.Popen([sys.executable, "-c", BUSY, str(cpu)], start_new_session=True)
-                          for _ in range(20)]
+        self.processes = [subprocess.Popen([sys.executable, "-c", BUSY, str(cpu)], start_new_session=True,
+                                           stdout=subprocess.PIPE, text=True) for _ in range(20)]
+        if not all(process.stdout.readline() == "busy\n" for process in self.processes):
+            self.__exit__()
+            raise AssertionError("a busy process did not start")
 
     def __enter__(self) -> "_BusyMachine":
         return self
@@ -303,6 +309,7 @@ class _BusyMachine:
         for process in self.processes:
             process.kill()
             process.wait()
+            process.stdout.close()
 
 
 def _graded(tmp_path: Path, name: str, sources: list[str], limits: sandbox.Limits,

@@ -63,3 +63,17 @@ def test_only_the_cpu_the_run_was_denied_is_added(monkeypatch):
     supervisor = _supervisor(monkeypatch, [100.0, 115.0], [7.0, 7.0], [10.0, 22.0])
     supervisor._starved(3, now=10.0)
     assert supervisor._starved(3, now=30.0) == pytest.approx(8.0)
+
+
+def test_the_grace_is_decided_on_a_fresh_reading(monkeypatch):
+    """A cell with a 2 s limit and a 1 s grace, its runner kept waiting for a CPU for 0.5 s of
+    the 1.25 s after its limit, then all the time, then not at all. Its grace ends when the
+    runner has had 1 s off the run queue since the limit (at 4.5 s), not at 3.5 s, where a
+    reading 0.25 s old said so (before: one reading every 0.5 s, and the cell was stopped on it)."""
+    monkeypatch.setattr(run, "GRACE", 1.0)
+    supervisor = _supervisor(monkeypatch, [100.0, 100.5, 101.0, 101.5, 101.5], [7.0] * 5, [10.0] * 5)
+    supervisor.limits = SimpleNamespace(cell_timeout=2)
+    supervisor._starved(3, now=2.0)  # the limit: the readings so far
+    assert [supervisor._past_grace(3, 0.0, now) for now in (3.25, 3.5, 4.0)] == [False, False, False]
+    assert supervisor._grace.extra == 1.5
+    assert supervisor._past_grace(3, 0.0, 4.5)
