@@ -4,74 +4,30 @@ a zygote and in a fresh bubblewrap sandbox.
 
 A cell that starts many busy processes, each in a session of its own (``os.setsid``: the
 kernel's per-session sharing would give each one as much CPU as a whole notebook), gets no
-more than its run's ``threads`` CPUs together; an honest notebook graded beside such a hog gets
-at least half the CPU it gets alone; and where no CPU group can be made, new sessions are
-refused in the seal instead. The CPU is measured inside the sealed processes (their own CPU
-time against the wall time of the same run), never against a fixed time.
+more than its run's ``threads`` CPUs together, alone or while an honest notebook is graded
+beside it; and where no CPU group can be made, new sessions are refused in the seal instead.
+The CPU is measured inside the sealed processes (their own CPU time against the wall time of
+the same run), never against a fixed time. How much longer the honest notebook takes beside
+the hog than alone depends on the machine's load as well: benchmarks/cpu_share.py measures it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import threading
-import time
 
-import nbformat
 import pytest
 
-from autograder.pipeline.worker import grade_notebook
 from autograder.sealing import cpu_share, sandbox
 from autograder.sealing.course_copy import build_course_copy
 from autograder.sealing.zygote import Zygotes
+from cpu_hogs import HOG, HONEST, UID, graded, report
 from hostile_cells import SWALLOWS
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="the zygote, the slot users and cgroups need root")]
-
-UID = sandbox.SANDBOX_UID_BASE + 4400
-
-# Start N busy processes, each after setsid() (refused or not: the process goes on), each busy
-# for SECONDS of wall time; print how much CPU they got together against the wall time.
-HOG = r'''
-import json, os, sys, time
-N, SECONDS = {n}, {seconds}
-refused = 0
-started = time.monotonic()
-children = []
-for _ in range(N):
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            os.setsid()
-        except PermissionError:
-            refused = 1
-        end = time.monotonic() + SECONDS
-        while time.monotonic() < end:
-            pass
-        os.write(write, json.dumps([time.process_time(), refused]).encode())
-        os._exit(0)
-    os.close(write)
-    children.append(read)
-got = [json.loads(os.read(fd, 100)) for fd in children]
-for _ in children:
-    os.wait()
-print("HOG " + json.dumps({{"cpu": sum(c for c, _ in got), "wall": time.monotonic() - started, "t0": started,
-                           "refused": sum(r for _, r in got)}}))
-'''
-
-# A fixed amount of work (one CPU-second of this process's own), and how long it took.
-HONEST = r'''
-import json, time
-started, cpu = time.monotonic(), time.process_time()
-while time.process_time() - cpu < {cpu}:
-    sum(i * i for i in range(1000))
-print("HONEST " + json.dumps({{"cpu": time.process_time() - cpu, "wall": time.monotonic() - started, "t0": started}}))
-'''
 
 
 @pytest.fixture(scope="module")
@@ -80,24 +36,6 @@ def course(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cpu")
     tmp.chmod(0o711)
     return {"copy": build_course_copy(tmp / "course", []), "tmp": tmp, "n": 0}
-
-
-def graded(course: dict, source: str, uid: int = UID, zygotes: Zygotes | None = None) -> tuple[dict, str]:
-    """One one-cell notebook graded as a worker grades it (one thread): its result and what it printed."""
-    course["n"] += 1
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
-    job = {"notebook": nbformat.writes(nb), "salts": {}, "extra_files": [], "job_id": f"cpu-{course['n']}",
-           "limits": sandbox.Limits(cell_timeout=120, notebook_timeout=240, memory_mb=2048).__dict__.copy(),
-           "threads": 1}
-    result = grade_notebook(job, course["copy"], course["tmp"] / f"job-{course['n']}", uid=uid, zygotes=zygotes)
-    assert not result.get("crash"), result
-    cell = nbformat.reads(result["notebook"], as_version=4).cells[0]
-    return result, "".join(o.get("text", "") + o.get("evalue", "") for o in cell.outputs)
-
-
-def report(printed: str, tag: str) -> dict:
-    assert tag + " " in printed, printed
-    return json.loads(printed.split(tag + " ", 1)[1].splitlines()[0])
 
 
 @pytest.mark.parametrize("way", ("zygote", "fresh"))
@@ -120,15 +58,14 @@ def test_many_processes_in_sessions_of_their_own_get_one_runs_share(course, tmp_
     assert not list(groups.base.glob(cpu_share.PREFIX + f"{os.getpid()}-*")), "the run's group is removed"
 
 
-def test_an_honest_notebook_beside_a_hog_gets_at_least_half_of_its_share_alone(course):
-    """The honest notebook's whole grading (its sandbox's start, its imports, its cell) beside a
-    hog of 56 busy processes in sessions of their own, against the same grading alone."""
+def test_a_hog_keeps_to_its_share_while_an_honest_notebook_is_graded_beside_it(course):
+    """A hog of 56 busy processes in sessions of their own, graded beside an honest notebook:
+    together they get at most about the one CPU of the hog's run while the honest notebook is
+    graded, and the honest cell does all its work (1.5 CPU-seconds) while the hog is busy."""
     if os.cpu_count() < 2:
         pytest.skip("needs two CPUs: one for each notebook")
-    started = time.monotonic()
-    _, alone = graded(course, HONEST.format(cpu=1.5))
-    wall_alone = time.monotonic() - started
-
+    if cpu_share.found()[0] is None:
+        pytest.skip("no CPU group can be made here: the fallback is tested below")
     hog_result: dict = {}
 
     def hog() -> None:
@@ -137,16 +74,13 @@ def test_an_honest_notebook_beside_a_hog_gets_at_least_half_of_its_share_alone(c
     thread.start()
     try:
         threading.Event().wait(4.0)  # the hog's processes are busy
-        started = time.monotonic()
         _, beside = graded(course, HONEST.format(cpu=1.5))
-        wall_beside = time.monotonic() - started
     finally:
         thread.join()
     honest, hogged = report(beside, "HONEST"), report(hog_result.get("printed", ""), "HOG")
-    assert wall_alone / wall_beside >= 0.5, (f"graded alone in {wall_alone:.1f} s, beside the hog in "
-                                            f"{wall_beside:.1f} s", hogged)
     assert hogged["t0"] < honest["t0"] and honest["t0"] + honest["wall"] < hogged["t0"] + hogged["wall"], \
         ("the honest cell ran when the hog was not busy: nothing was measured", honest, hogged)
+    assert hogged["cpu"] <= 1.3 * hogged["wall"], ("the hog got more than its run's one CPU", hogged, honest)
 
 
 def test_without_a_cpu_group_new_sessions_are_refused(course, monkeypatch):
@@ -156,8 +90,6 @@ def test_without_a_cpu_group_new_sessions_are_refused(course, monkeypatch):
     assert hog["refused"] == 2, hog
     assert result["seal"]["sessions"] == "refused"
     assert "new sessions refused (no CPU group: WORKBOOK_CPU_GROUPS=off)" in result["seal"]["cpu"], result["seal"]
-
-
 
 
 def _stopped_after(result: dict) -> float:
@@ -172,21 +104,14 @@ def test_a_cell_that_swallows_its_interrupt_beside_a_hog_is_stopped_at_its_grace
     (it is not in any run's group), so the cell is stopped as late after its limit as alone."""
     from autograder.pipeline import run
     monkeypatch.setattr(run, "GRACE", 2.0)
-    limits = dict(cell_timeout=2, notebook_timeout=120, memory_mb=2048)
 
-    def grade(source: str, uid: int = UID) -> dict:
-        course["n"] += 1
-        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
-        job = {"notebook": nbformat.writes(nb), "salts": {}, "extra_files": [], "job_id": f"cpu-{course['n']}",
-               "limits": sandbox.Limits(**limits).__dict__.copy(), "threads": 1}
-        return grade_notebook(job, course["copy"], course["tmp"] / f"job-{course['n']}", uid=uid)
-
-    alone = _stopped_after(grade(SWALLOWS))
+    limits = sandbox.Limits(cell_timeout=2, notebook_timeout=120, memory_mb=2048)
+    alone = _stopped_after(graded(course, SWALLOWS, limits=limits)[0])
     thread = threading.Thread(target=lambda: graded(course, HOG.format(n=56, seconds=15.0), uid=UID + 1))
     thread.start()
     try:
         threading.Event().wait(4.0)
-        beside = _stopped_after(grade(SWALLOWS))
+        beside = _stopped_after(graded(course, SWALLOWS, limits=limits)[0])
     finally:
         thread.join()
     assert beside <= 2 * alone, f"stopped {alone:.1f} s after its limit alone, {beside:.1f} s beside the hog"
