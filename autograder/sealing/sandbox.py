@@ -154,11 +154,9 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def run_queue_seconds(root: int) -> float | None:
-    """Seconds the notebook's runner (the process that runs the cells and handles their
-    interrupts: the first Python started in the tree under ``root``, before any process of
-    the student's) has spent ready to run but kept off the CPU by other processes (its main
-    thread's run-queue delay, ``/proc/PID/schedstat``); None where the kernel does not say."""
+def _runner(root: int) -> int | None:
+    """The notebook's runner (the process that runs the cells and handles their interrupts):
+    the first Python started in the tree under ``root``, before any process of the student's."""
     runner = None
     for pid in process_tree(root):
         try:
@@ -169,10 +167,24 @@ def run_queue_seconds(root: int) -> float | None:
         started = start_time(pid)
         if started is not None and name.startswith(b"python") and (runner is None or started < runner[0]):
             runner = (started, pid)
-    if runner is None:
+    return None if runner is None else runner[1]
+
+
+def run_queue_seconds(root: int) -> float | None:
+    """Seconds the notebook's runner (:func:`_runner`) has spent ready to run but kept off the
+    CPU by other processes (its main thread's run-queue delay, ``/proc/PID/schedstat``); None
+    where the kernel does not say. 0.0 once the runner has lowered its own priority below the
+    grader's (a higher nice value, or the SCHED_BATCH or SCHED_IDLE policy: a thread cannot
+    raise it again without privilege): its waits are then the notebook's doing."""
+    pid = _runner(root)
+    if pid is None:
         return None
     try:
-        with open(f"/proc/{runner[1]}/schedstat") as f:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        if int(fields[16]) > os.getpriority(os.PRIO_PROCESS, 0) or int(fields[38]) != os.sched_getscheduler(0):
+            return 0.0
+        with open(f"/proc/{pid}/schedstat") as f:
             return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
