@@ -120,13 +120,20 @@ def apply_limits(limits: Limits, address_space_mb: int = 0) -> None:
     cap(resource.RLIMIT_CORE, 0)
 
 
+def _stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command's name (the name, in parentheses, may
+    hold spaces and parentheses of its own): index 0 is field 3, the state; OSError if there
+    is no such process."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
 def _children() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+                parent = int(_stat_fields(entry)[1])
             except (OSError, ValueError, IndexError):
                 continue
             out.setdefault(parent, []).append(int(entry))
@@ -148,8 +155,7 @@ def start_time(pid: int) -> int | None:
     """A process's start time (field 22 of /proc/PID/stat, which no process can change), None
     if there is no such process: with the pid, it names one process however pids are reused."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
+        return int(_stat_fields(pid)[19])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -180,8 +186,7 @@ def run_queue_seconds(root: int) -> float | None:
     if pid is None:
         return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        fields = _stat_fields(pid)  # [16]: its nice value (field 19), [38]: its policy (field 41)
         if int(fields[16]) > os.getpriority(os.PRIO_PROCESS, 0) or int(fields[38]) != os.sched_getscheduler(0):
             return 0.0
         with open(f"/proc/{pid}/schedstat") as f:
@@ -197,8 +202,7 @@ def tree_cpu_seconds(root: int) -> float:
     ticks = 0
     for pid in process_tree(root):
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+            fields = _stat_fields(pid)
             ticks += sum(int(fields[k]) for k in (11, 12, 13, 14))
         except (OSError, ValueError, IndexError):
             continue
